@@ -1,0 +1,43 @@
+"""The canonical capture: what every engine's reply is mapped into, whatever its wire shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar.providers.types import Completion
+
+# Flags recorded on a capture when something was missing or recovered by a fallback.
+FLAG_PROMPT_IDS_MISSING = "prompt_ids_missing"
+FLAG_SAMPLED_IDS_MISSING = "sampled_ids_missing"
+FLAG_SAMPLED_IDS_FROM_TOKEN_STRINGS = "sampled_ids_from_token_strings"
+FLAG_LOGPROBS_MISSING = "logprobs_missing"
+FLAG_LOGPROBS_MISALIGNED = "logprobs_misaligned"
+FLAG_USAGE_MISMATCH = "usage_completion_tokens_mismatch"
+FLAG_MAX_TOKENS_CLAMPED = "max_tokens_clamped"
+FLAG_ABORTED = "aborted"
+
+
+@dataclass
+class TokenCapture:
+    """Token-level truth of one call: the engine's prompt ids, sampled ids and their logprobs.
+
+    ``logprobs`` is ``None`` unless it has exactly one entry per sampled id.
+    """
+
+    prompt_ids: list[int]
+    sampled_ids: list[int]
+    logprobs: list[float] | None
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EngineResult:
+    """One engine call: the normalized completion, its tokens, and how it was produced."""
+
+    completion: Completion
+    tokens: TokenCapture
+    engine: str
+    upstream_request: dict[str, Any]
+    sampling: dict[str, Any]
+    policy_version: int | None = None

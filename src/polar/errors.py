@@ -1,0 +1,100 @@
+"""Polar's exception hierarchy, in one place (as httpx does).
+
+Every error a caller can see carries an HTTP status and a short machine-readable ``kind``; each
+provider adapter renders these into its own wire shape, so the gateway never invents error
+formats per route.
+"""
+
+from __future__ import annotations
+
+
+class PolarError(Exception):
+    """Base class of every error Polar raises on purpose."""
+
+
+class GatewayError(PolarError):
+    """An error the gateway answers with, rendered in the caller's provider shape."""
+
+    status: int = 500
+    kind: str = "internal_error"
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        self.retry_after = retry_after
+
+
+class InvalidRequest(GatewayError):
+    """The request body or parameters are malformed (HTTP 400)."""
+
+    status = 400
+    kind = "invalid_request"
+
+
+class AuthenticationFailed(GatewayError):
+    """No session matches the key or URL prefix (HTTP 401)."""
+
+    status = 401
+    kind = "authentication"
+
+
+class PermissionDenied(GatewayError):
+    """The caller is known but may not do this (HTTP 403)."""
+
+    status = 403
+    kind = "permission"
+
+
+class NotFound(GatewayError):
+    """Unknown path or resource (HTTP 404)."""
+
+    status = 404
+    kind = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    """The request body exceeds the configured limit (HTTP 413)."""
+
+    status = 413
+    kind = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    """Too many queued requests; retry later (HTTP 429)."""
+
+    status = 429
+    kind = "rate_limit"
+
+
+class EngineError(GatewayError):
+    """The inference engine answered with an error or an unusable reply (HTTP 502)."""
+
+    status = 502
+    kind = "engine_error"
+
+
+class EngineRejected(EngineError):
+    """The engine refused the request as invalid (HTTP 400 passed on to the caller)."""
+
+    status = 400
+    kind = "invalid_request"
+
+
+class EngineUnavailable(EngineError):
+    """The engine is unreachable, paused past its timeout, or overloaded (HTTP 503)."""
+
+    status = 503
+    kind = "overloaded"
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer in time (HTTP 504)."""
+
+    status = 504
+    kind = "timeout"
+
+
+class ConfigError(PolarError):
+    """A configuration file or option is invalid; the message says which key and why."""

@@ -1,0 +1,83 @@
+"""The normalized request and completion every provider adapter converts to and from.
+
+The normalized request is the chat-completions form the engines speak: ``messages`` are
+OpenAI chat messages (one leading system message at most, ``tool_calls`` on assistant turns,
+``role: tool`` results, past reasoning in ``reasoning``), ``tools`` are chat-completions
+function tools. Adapters keep every provider quirk on their own side of this line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+Tool = dict[str, Any]
+
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+
+
+@dataclass
+class SamplingParams:
+    """Generation parameters; ``None`` means "not set" (the engine's or run's default applies)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The parameters that are set, as chat-completions body fields."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class NormalizedRequest:
+    """One model call in chat-completions form, plus what the adapter needs to answer it."""
+
+    provider: str
+    model: str
+    messages: list[Message]
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: Any = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    dropped_tools: list[str] = field(default_factory=list)
+    # Adapter-private facts needed to render the reply (e.g. include_usage, previous ids).
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def chat_body(self) -> dict[str, Any]:
+        """The chat-completions body for an engine; tool_choice only travels with tools."""
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages}
+        if self.tools:
+            body["tools"] = self.tools
+            if self.tool_choice is not None:
+                body["tool_choice"] = self.tool_choice
+        body.update(self.params.as_dict())
+        return body
+
+
+@dataclass
+class ToolCall:
+    """A function call the model made; ``arguments`` is always complete JSON object text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Completion:
+    """The engine's answer in normalized form (one choice)."""
+
+    id: str
+    model: str
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created: int = 0

@@ -1,0 +1,1 @@
+"""trajectory package."""
