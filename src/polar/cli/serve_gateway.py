@@ -1,0 +1,59 @@
+"""``polar serve-gateway``: run a gateway node (standalone capture mode)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import uvicorn
+
+from polar.engines.registry import EngineConfig
+from polar.gateway.app import create_app
+from polar.gateway.config import GatewayConfig
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve-gateway",
+        help="run the provider gateway and capture every model call",
+        description="Point any harness at this gateway; every call is captured token-faithfully.",
+    )
+    p.add_argument("--config", help="gateway YAML (see docs/configuration.md)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8100)")
+    p.add_argument("--engine", help="engine kind: vllm, sglang, scripted, or module:Class")
+    p.add_argument("--engine-url", help="engine server URL (vllm/sglang)")
+    p.add_argument("--served-model", help="model name sent upstream on every call")
+    p.add_argument("--capture-db", help="SQLite capture store path")
+    p.add_argument("--auto-register", action="store_true", help="accept unknown keys as sessions")
+    p.add_argument("--admin-token", help="token required on /polar admin routes")
+    p.set_defaults(func=run)
+
+
+def load_config(args: argparse.Namespace) -> GatewayConfig:
+    config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig()
+    updates: dict[str, Any] = {}
+    for name in ("host", "port", "served_model", "capture_db", "admin_token"):
+        value = getattr(args, name)
+        if value is not None:
+            updates[name] = value
+    if args.auto_register:
+        updates["auto_register"] = True
+    if args.engine or args.engine_url:
+        engine = config.engine.model_dump()
+        if args.engine:
+            engine["kind"] = args.engine
+        if args.engine_url:
+            engine["base_url"] = args.engine_url
+            engine.setdefault("kind", "vllm")
+        updates["engine"] = EngineConfig.model_validate(engine)
+    return config.model_validate(config.model_dump() | updates)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    app = create_app(config)
+    print(f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}); "
+          f"create a session: POST {config.base_url()}/polar/sessions")
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False)
+    return 0

@@ -1,0 +1,150 @@
+"""An HTTP client for OpenAI-compatible engine servers; vLLM and SGLang differ only in flags."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import httpx
+import orjson
+
+from polar.engines.base import Engine
+from polar.engines.capture import capture_from_response
+from polar.engines.types import EngineResult
+from polar.errors import (
+    EngineError,
+    EngineRejected,
+    EngineTimeout,
+    EngineUnavailable,
+    GatewayError,
+    RateLimited,
+)
+from polar.providers.types import NormalizedRequest
+
+
+class OpenAICompatEngine(Engine):
+    """Calls ``/v1/chat/completions`` without streaming, asking for token ids and logprobs."""
+
+    name: ClassVar[str] = "openai_compat"
+    # Body fields that make the server return prompt ids, sampled ids and logprobs.
+    token_flags: ClassVar[dict[str, Any]] = {"logprobs": True, "top_logprobs": 0}
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        extra_body: dict[str, Any] | None = None,
+        max_connections: int = 1024,
+    ) -> None:
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self.base_url = base_url.rstrip("/")
+        self.extra_body = dict(extra_body or {})
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=256),
+        )
+
+    def build_body(self, request: NormalizedRequest) -> dict[str, Any]:
+        body = request.chat_body()
+        body.update(self.token_flags)
+        body.update(self.extra_body)
+        body["stream"] = False
+        return body
+
+    async def complete(self, request: NormalizedRequest) -> EngineResult:
+        body = self.build_body(request)
+        reply = await self._post("/v1/chat/completions", body)
+        completion, tokens = capture_from_response(reply)
+        version = reply.get("policy_version")
+        return EngineResult(
+            completion=completion,
+            tokens=tokens,
+            engine=self.name,
+            upstream_request=body,
+            sampling=request.params.as_dict() | dict(reply.get("sampling") or {}),
+            policy_version=version if isinstance(version, int) else None,
+        )
+
+    async def count_tokens(self, request: NormalizedRequest) -> int:
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": request.messages,
+            "add_generation_prompt": True,
+        }
+        if request.tools:
+            body["tools"] = request.tools
+        reply = await self._post("/tokenize", body)
+        count = reply.get("count")
+        if count is None:
+            count = len(reply.get("tokens") or [])
+        return int(count)
+
+    async def health(self) -> bool:
+        try:
+            response = await self._client.get("/health")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = await self._client.post(path, content=orjson.dumps(body))
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"engine at {self.base_url} timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"engine at {self.base_url} is unreachable: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise _engine_error(response)
+        try:
+            reply = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise EngineError(f"engine returned invalid JSON ({len(response.content)} bytes)") from exc
+        if not isinstance(reply, dict):
+            raise EngineError("engine returned a non-object reply")
+        return reply
+
+
+def _engine_error(response: httpx.Response) -> GatewayError:
+    """Turn an engine's HTTP error into a typed error that keeps the engine's own message."""
+    message = response.text[:2000]
+    try:
+        payload = response.json()
+        err = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(err, dict) and err.get("message"):
+            message = str(err["message"])
+        elif isinstance(payload, dict) and payload.get("message"):
+            message = str(payload["message"])
+        elif isinstance(payload, dict) and isinstance(payload.get("detail"), str):
+            message = payload["detail"]
+    except ValueError:
+        pass
+    text = f"engine refused the request (HTTP {response.status_code}): {message}"
+    retry_after = _retry_after(response)
+    status = response.status_code
+    if status == 429:
+        return RateLimited(text, retry_after=retry_after)
+    if status == 503:
+        return EngineUnavailable(text, retry_after=retry_after)
+    if status == 504:
+        return EngineTimeout(text)
+    if 400 <= status < 500:
+        return EngineRejected(text, status=400 if status in (400, 404, 422) else status)
+    return EngineError(text)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None

@@ -1,0 +1,69 @@
+"""Gateway configuration: strict pydantic models, so a typo in a key is an error, not a no-op."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polar.engines.registry import EngineConfig
+from polar.errors import ConfigError
+
+
+class SamplingPolicy(BaseModel):
+    """The run's sampling parameters, imposed on every call (harnesses mostly send none)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["override", "default"] = Field(
+        "override",
+        description="override: the run's values replace the client's; default: fill gaps only.",
+    )
+    temperature: float | None = Field(1.0, ge=0)
+    top_p: float | None = Field(1.0, gt=0, le=1)
+    top_k: int | None = None
+    seed: int | None = None
+    max_tokens: int | None = Field(
+        None, gt=0, description="Cap on output tokens; larger client requests are clamped."
+    )
+
+
+class GatewayConfig(BaseModel):
+    """Everything a gateway node needs to proxy and capture."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=0, le=65535)
+    public_url: str | None = Field(
+        None, description="URL harnesses use to reach this gateway (default http://host:port)."
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    served_model: str | None = Field(
+        None, description="Model name sent upstream on every call, whatever the harness asked."
+    )
+    sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
+    context_window: int | None = Field(
+        None, gt=0, description="If set, output budgets are clamped so prompt + output fit."
+    )
+    capture_db: Path = Field(Path("polar-captures.db"), description="SQLite capture store path.")
+    store_raw_requests: bool = Field(True, description="Keep each provider-native request body.")
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    auto_register: bool = Field(False, description="Accept unknown keys as new sessions.")
+    admin_token: str | None = Field(None, description="Required on admin routes when set.")
+    policy_version: int = 0
+
+    def base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> GatewayConfig:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+            return cls.model_validate(data)
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        except ValidationError as exc:
+            raise ConfigError(f"invalid gateway config {path}:\n{exc}") from exc

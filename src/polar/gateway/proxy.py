@@ -1,0 +1,209 @@
+"""The proxy flow for one model call: session -> detect -> normalize -> engine -> capture -> reply.
+
+Every error on this path is rendered in the caller's own provider shape, and a completion is
+committed to the capture store before its reply leaves, so nothing a harness saw is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from polar.capture.records import CaptureRecord
+from polar.capture.store import CaptureStore
+from polar.engines.base import Engine
+from polar.engines.types import EngineResult
+from polar.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+)
+from polar.gateway.config import GatewayConfig
+from polar.gateway.pause import GenerationGate
+from polar.gateway.policy import apply_policy, clamp_to_context
+from polar.gateway.sessions import GatewaySession, SessionTable, key_from_headers, split_session_prefix
+from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
+from polar.providers.registry import ProviderSet
+from polar.providers.types import Completion, NormalizedRequest
+
+log = logging.getLogger("polar.gateway")
+
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_BARE_PATHS = {"", "/", "/v1", "/v1/", "/v1beta", "/v1beta/"}
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+class Proxy:
+    """The catch-all ASGI endpoint that serves every provider API."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        engine: Engine,
+        store: CaptureStore,
+        sessions: SessionTable,
+        gate: GenerationGate,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.store = store
+        self.sessions = sessions
+        self.gate = gate
+        self.providers = ProviderSet()
+        self.policy_version = config.policy_version
+        self.pause_wait_s = 600.0
+
+    async def __call__(self, request: Request) -> Response:
+        key, path = split_session_prefix(request.url.path)
+        ctx = RequestContext(
+            path=path,
+            method=request.method,
+            query=request.query_params,
+            headers=request.headers,
+        )
+        body: Any = None
+        matched = self.providers.by_path(ctx)
+        provider: Provider | None = matched[0] if matched else None
+        try:
+            raw = await self._read_body(request)
+            if matched is None:
+                body = _loads(raw) if raw else None
+                provider = self.providers.fallback(ctx, lambda: body)
+                if provider is None or ctx.path not in _BARE_PATHS or request.method != "POST":
+                    raise NotFound(f"no model API at {request.method} {ctx.path}")
+                operation = "generate"
+            else:
+                operation = matched[1]
+                if request.method != "POST":
+                    raise NotFound(f"{ctx.path} accepts POST only")
+                body = _loads(raw)
+            assert provider is not None
+            session = await self._session(key or key_from_headers(ctx.headers, ctx.query))
+            normalized = provider.parse_request(body, ctx)
+            if operation == COUNT_TOKENS:
+                count = await self.engine.count_tokens(normalized)
+                return json_response(provider.render_token_count(count))
+            return await self._generate(provider, session, normalized, body)
+        except GatewayError as err:
+            return self._error(provider, err)
+        except Exception as exc:  # a bug must still answer in the caller's shape
+            log.exception("unexpected gateway error")
+            return self._error(provider, GatewayError(f"internal gateway error: {exc!r}"))
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _session(self, key: str | None) -> GatewaySession:
+        session = self.sessions.get(key)
+        if session is not None:
+            return session
+        if key and self.config.auto_register:
+            session = self.sessions.add(GatewaySession(session_id=key, metadata={"auto_registered": True}))
+            await self.store.add_session(key, session.metadata)
+            return session
+        if not key:
+            raise AuthenticationFailed("no session key: use /s/<session>/... or the session id as API key")
+        raise AuthenticationFailed("unknown session key")
+
+    async def _generate(
+        self, provider: Provider, session: GatewaySession, normalized: NormalizedRequest, body: Any
+    ) -> Response:
+        started = time.time()
+        flags = apply_policy(normalized, self.config)
+        async with self.gate.admit(self.pause_wait_s):
+            if self.config.context_window:
+                prompt_tokens = await self.engine.count_tokens(normalized)
+                if clamp_to_context(normalized, prompt_tokens, self.config.context_window):
+                    flags.append("max_tokens_clamped_to_context")
+            result = await self.engine.complete(normalized)
+            version = result.policy_version if result.policy_version is not None else self.policy_version
+        record = self._record(provider, session, normalized, body, result, started, version, flags)
+        await self.store.append(record)
+        session.calls += 1
+        completion = result.completion
+        if normalized.stream:
+            frames = provider.render_stream(completion, normalized)
+            return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return json_response(provider.render_response(completion, normalized))
+
+    def _record(
+        self,
+        provider: Provider,
+        session: GatewaySession,
+        normalized: NormalizedRequest,
+        body: Any,
+        result: EngineResult,
+        started: float,
+        version: int | None,
+        flags: list[str],
+    ) -> CaptureRecord:
+        completion = result.completion
+        return CaptureRecord(
+            completion_id=completion.id,
+            session_id=session.session_id,
+            provider=provider.name,
+            model=normalized.model,
+            engine=result.engine,
+            policy_version=version,
+            started_at=started,
+            finished_at=time.time(),
+            request=body if self.config.store_raw_requests else None,
+            upstream_request=result.upstream_request,
+            response=assistant_message(completion),
+            prompt_ids=result.tokens.prompt_ids,
+            sampled_ids=result.tokens.sampled_ids,
+            logprobs=result.tokens.logprobs,
+            finish_reason=completion.finish_reason,
+            sampling=result.sampling,
+            flags=flags + result.tokens.flags,
+            tags=list(normalized.extras.get("tags", [])),
+            dropped_tools=normalized.dropped_tools,
+        )
+
+    def _error(self, provider: Provider | None, err: GatewayError) -> Response:
+        provider = provider or self.providers.by_name["openai_chat"]
+        headers = {"retry-after": str(int(err.retry_after))} if err.retry_after else None
+        return json_response(provider.error_body(err), status=err.status, headers=headers)
+
+
+def assistant_message(completion: Completion) -> dict[str, Any]:
+    """The completion as a chat-completions assistant message (how records store it)."""
+    message: dict[str, Any] = {"role": "assistant", "content": completion.content}
+    if completion.reasoning:
+        message["reasoning"] = completion.reasoning
+    if completion.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in completion.tool_calls
+        ]
+    return message
+
+
+def _loads(raw: bytes) -> Any:
+    if not raw:
+        raise InvalidRequest("request body is empty; expected JSON")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc

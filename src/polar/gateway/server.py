@@ -1,0 +1,49 @@
+"""Running an ASGI app with uvicorn: in the foreground, or in a thread on a free port."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class BackgroundServer:
+    """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.host = host
+        self._thread = threading.Thread(target=self.server.run, name="polar-server", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server failed to start")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def port(self) -> int:
+        sockets = self.server.servers[0].sockets
+        return int(sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,77 @@
+"""Capture sessions: unguessable keys, and finding a request's session from its URL or key."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SESSION_PREFIX = "/s/"
+
+
+def new_session_id() -> str:
+    """192 random bits, URL- and header-safe: the session id doubles as the harness's API key."""
+    return "ps-" + secrets.token_urlsafe(24)
+
+
+@dataclass
+class GatewaySession:
+    session_id: str
+    created_at: float = field(default_factory=time.time)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    calls: int = 0
+
+
+def split_session_prefix(path: str) -> tuple[str | None, str]:
+    """``/s/<key>/v1/messages`` -> (``key``, ``/v1/messages``); other paths pass through."""
+    if not path.startswith(SESSION_PREFIX):
+        return None, path
+    rest = path[len(SESSION_PREFIX) :]
+    key, slash, tail = rest.partition("/")
+    return (key or None), slash + tail
+
+
+def key_from_headers(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The API key wherever the provider's SDK puts it."""
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        return auth[7:].strip()
+    for name in ("x-api-key", "x-goog-api-key"):
+        if headers.get(name):
+            return headers[name]
+    return query.get("key") or None
+
+
+def base_urls(gateway_url: str, session_id: str) -> dict[str, str]:
+    """Where each kind of client should point, as its SDK expects the base URL."""
+    root = f"{gateway_url.rstrip('/')}{SESSION_PREFIX}{session_id}"
+    return {
+        "anthropic": root,
+        "openai": f"{root}/v1",
+        "google": root,
+    }
+
+
+class SessionTable:
+    """In-memory view of live sessions (the capture store keeps them durably)."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, GatewaySession] = {}
+
+    def add(self, session: GatewaySession) -> GatewaySession:
+        self._sessions[session.session_id] = session
+        return session
+
+    def get(self, session_id: str | None) -> GatewaySession | None:
+        return self._sessions.get(session_id) if session_id else None
+
+    def remove(self, session_id: str) -> GatewaySession | None:
+        return self._sessions.pop(session_id, None)
+
+    def all(self) -> list[GatewaySession]:
+        return list(self._sessions.values())
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,81 @@
+"""Shared fixtures: a live gateway on loopback in front of the scripted (token-real) engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from polar.capture.records import CaptureRecord
+from polar.capture.store import CaptureStore
+from polar.engines.model_files import load_tokenizer
+from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
+from polar.gateway.app import create_app
+from polar.gateway.config import GatewayConfig
+from polar.gateway.server import BackgroundServer
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    return load_tokenizer()
+
+
+@dataclass
+class SessionHandle:
+    key: str
+    base_urls: dict[str, str]
+
+
+class GatewayHarness:
+    """A running gateway + scripted engine, with helpers to script replies and read captures."""
+
+    def __init__(self, server: BackgroundServer, engine: ScriptedEngine, store: CaptureStore, app: Any):
+        self.server = server
+        self.engine = engine
+        self.store = store
+        self.app = app
+        self.base_url = server.url
+
+    def new_session(self, **metadata: Any) -> SessionHandle:
+        reply = httpx.post(f"{self.base_url}/polar/sessions", json={"metadata": metadata})
+        reply.raise_for_status()
+        info = reply.json()
+        return SessionHandle(key=info["api_key"], base_urls=info["base_urls"])
+
+    def script(self, *replies: ScriptedReply) -> None:
+        self.engine.backend.script.push(*replies)
+
+    def records(self, key: str) -> list[CaptureRecord]:
+        return self.store.records(key)
+
+    @property
+    def engine_log(self) -> list[dict[str, Any]]:
+        return self.engine.backend.log
+
+    def reset(self) -> None:
+        self.engine.backend.script = Script()
+        self.engine.backend.log.clear()
+        self.app.state.config.max_body_bytes = 32 * 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def _gateway_server(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterator[GatewayHarness]:
+    db: Path = tmp_path_factory.mktemp("gateway") / "captures.db"
+    config = GatewayConfig(capture_db=db, served_model="SmolLM2-135M-Instruct")
+    engine = ScriptedEngine(ScriptedBackend(Script(), tokenizer=tokenizer))
+    store = CaptureStore(db)
+    app = create_app(config, engine=engine, store=store)
+    with BackgroundServer(app) as server:
+        config.public_url = server.url
+        yield GatewayHarness(server, engine, store, app)
+
+
+@pytest.fixture
+def live_gateway(_gateway_server: GatewayHarness) -> Iterator[GatewayHarness]:
+    _gateway_server.reset()
+    yield _gateway_server
+    _gateway_server.reset()

@@ -1,0 +1,112 @@
+"""The official openai SDK (Chat Completions) against the live gateway and scripted engine."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from polar.engines.scripted import ScriptedReply
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "shell",
+            "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _client(live_gateway, key=None):
+    session = live_gateway.new_session()
+    return session, openai.OpenAI(base_url=session.base_urls["openai"], api_key=key or session.key, max_retries=0)
+
+
+def _assert_faithful(live_gateway, key):
+    records = live_gateway.records(key)
+    assert len(records) == len(live_gateway.engine_log)
+    for record, reply in zip(records, live_gateway.engine_log, strict=True):
+        choice = reply["choices"][0]
+        assert record.prompt_ids == reply["prompt_token_ids"]
+        assert record.sampled_ids == choice["token_ids"]
+        assert record.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert record.provider == "openai_chat"
+        assert record.flags == []
+    return records
+
+
+def test_non_streaming_tool_round_trip(live_gateway):
+    session, client = _client(live_gateway)
+    live_gateway.script(
+        ScriptedReply(content="Let me look.", tool_calls=[("shell", {"command": "ls -la"})]),
+        ScriptedReply(content="There are 3 files."),
+    )
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What files?"}]
+    first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "shell"
+    assert json.loads(call.function.arguments) == {"command": "ls -la"}
+    assert first.model == "m"
+    assert first.usage.completion_tokens == len(live_gateway.engine_log[0]["choices"][0]["token_ids"])
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": "a b c"}]},
+    ]
+    second = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    assert second.choices[0].message.content == "There are 3 files."
+    records = _assert_faithful(live_gateway, session.key)
+    # The id the client saw is the id the engine got back in history.
+    sent = records[1].upstream_request["messages"]
+    assert sent[2]["tool_calls"][0]["id"] == call.id
+    assert sent[3] == {"role": "tool", "tool_call_id": call.id, "content": "a b c"}
+    # The second prompt extends the first: the assistant turn was re-rendered in place.
+    assert records[1].prompt_ids[: len(records[0].prompt_ids)] == records[0].prompt_ids
+
+
+def test_streaming_with_usage_and_tool_call_arguments_whole(live_gateway):
+    session, client = _client(live_gateway)
+    live_gateway.script(
+        ScriptedReply(content="ok", tool_calls=[("shell", {"command": "echo 'ü' && ls"}), ("shell", {"command": "pwd"})])
+    )
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    args = [tc.function.arguments for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []]
+    assert [json.loads(a) for a in args] == [{"command": "echo 'ü' && ls"}, {"command": "pwd"}]
+    assert chunks[-1].usage.completion_tokens == len(live_gateway.engine_log[0]["choices"][0]["token_ids"])
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["tool_calls"]
+    _assert_faithful(live_gateway, session.key)
+
+
+def test_sampling_policy_and_served_model_recorded(live_gateway):
+    session, client = _client(live_gateway)
+    client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}], temperature=0.2)
+    record = live_gateway.records(session.key)[0]
+    assert record.upstream_request["model"] == "SmolLM2-135M-Instruct"
+    assert record.upstream_request["temperature"] == 1.0  # the run's policy overrides the client
+    assert record.sampling["temperature"] == 1.0
+    assert record.request["temperature"] == 0.2  # the harness's own request is kept verbatim
+
+
+def test_unknown_key_is_401_in_openai_shape(live_gateway):
+    client = openai.OpenAI(base_url=f"{live_gateway.base_url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["type"] == "authentication_error"
+
+
+def test_engine_error_passes_through_as_openai_error(live_gateway):
+    _, client = _client(live_gateway)
+    live_gateway.script(ScriptedReply(error_status=400, error_message="context length exceeded"))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert "context length exceeded" in info.value.message
