@@ -1,0 +1,523 @@
+"""Google generateContent / streamGenerateContent (Gemini CLI, Pi in google-generative-ai mode).
+
+Gemini quirks kept here:
+
+* the model and the operation come from the URL (``.../models/{model}:streamGenerateContent``),
+  and streaming is chosen by the URL, never by the body;
+* the JS SDK sends camelCase keys, the Python SDK sometimes snake_case (``parameters_json_schema``),
+  so structural keys are read in either spelling; user data (arguments, schemas' property names)
+  is never renamed;
+* function calls may lack ids: a missing id is derived from the call's position
+  (``call_<turn>_<n>``) so it is the same on every replay, and a ``functionResponse`` is matched
+  to its call by id, else by name in order;
+* ``thoughtSignature`` must be standard base64 (the Python SDK decodes it to bytes and re-encodes
+  it), so our reasoning blob travels base64-wrapped;
+* a stream is bare ``data:`` frames, each a whole GenerateContentResponse; an error frame must
+  start with ``{"error":`` for the SDK to raise it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import unquote
+
+import orjson
+
+from polar.errors import GatewayError, InvalidRequest
+from polar.providers.base import (
+    COUNT_TOKENS,
+    GENERATE,
+    Provider,
+    RequestContext,
+    arguments_object,
+    chat_content,
+    join_text,
+    optional_number,
+    require_dict,
+    require_list,
+    sse,
+    stop_list,
+)
+from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.types import Completion, Message, NormalizedRequest, SamplingParams, Tool
+
+_OPERATIONS = {
+    "generateContent": GENERATE,
+    "streamGenerateContent": GENERATE,
+    "countTokens": COUNT_TOKENS,
+}
+_METHOD_RE = re.compile(r":(generateContent|streamGenerateContent|countTokens)$")
+# The model follows the first ``models/`` segment after an API version, else the first one at all
+# (Vertex paths put projects/locations before it; model names may contain slashes).
+_VERSIONED_MODEL_RE = re.compile(r"/v\d+(?:alpha|beta)?\d*/models/(.+)$")
+_ANY_MODEL_RE = re.compile(r"(?:^|/)models/(.+)$")
+_SNAKE_RE = re.compile(r"_([a-z0-9])")
+
+_FINISH_REASONS = {
+    "stop": "STOP",
+    "length": "MAX_TOKENS",
+    "tool_calls": "STOP",
+    "content_filter": "SAFETY",
+}
+_ERROR_STATUS_BY_KIND = {
+    "invalid_request": "INVALID_ARGUMENT",
+    "authentication": "UNAUTHENTICATED",
+    "permission": "PERMISSION_DENIED",
+    "not_found": "NOT_FOUND",
+    "request_too_large": "INVALID_ARGUMENT",
+    "rate_limit": "RESOURCE_EXHAUSTED",
+    "engine_error": "INTERNAL",
+    "overloaded": "UNAVAILABLE",
+    "timeout": "DEADLINE_EXCEEDED",
+}
+_ERROR_STATUS_BY_CODE = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+_TOOL_CHOICES = {"AUTO": "auto", "VALIDATED": "auto", "ANY": "required", "NONE": "none"}
+# Schema keywords renamed on the way to JSON Schema; ``propertyOrdering`` has no equivalent.
+_SCHEMA_RENAMES = {"defs": "$defs", "ref": "$ref"}
+_SCHEMA_DROPPED = {"propertyOrdering", "nullable"}
+
+
+class GoogleProvider(Provider):
+    """The Gemini API's generateContent family."""
+
+    name: ClassVar[str] = "google"
+
+    def operation(self, ctx: RequestContext) -> str | None:
+        method = _path_method(ctx.path)
+        return _OPERATIONS[method] if method else None
+
+    def matches_headers(self, headers: Mapping[str, str]) -> bool:
+        return "x-goog-api-key" in headers
+
+    def matches_body(self, body: Any) -> bool:
+        return isinstance(body, dict) and "contents" in body
+
+    def parse_request(self, body: Any, ctx: RequestContext) -> NormalizedRequest:
+        body = _fields(require_dict(body))
+        method = _path_method(ctx.path)
+        if method == "countTokens" and body.get("generateContentRequest") is not None:
+            body = _fields(require_dict(body["generateContentRequest"], "generateContentRequest"))
+        model = _path_model(ctx.path) or _body_model(body.get("model"))
+        system = _system_text(body.get("systemInstruction"))
+        messages: list[Message] = [{"role": "system", "content": system}] if system else []
+        messages.extend(_messages(body.get("contents")))
+        if not any(m["role"] != "system" for m in messages):
+            raise InvalidRequest("contents must hold at least one message with parts")
+        tools, dropped = _tools(body.get("tools"))
+        gen_raw = body.get("generationConfig")
+        gen = {} if gen_raw is None else _fields(require_dict(gen_raw, "generationConfig"))
+        extras: dict[str, Any] = {"model": model, "include_thoughts": False}
+        thinking = gen.get("thinkingConfig")
+        if thinking is not None:
+            thinking = _fields(require_dict(thinking, "generationConfig.thinkingConfig"))
+            extras["thinking_config"] = thinking
+            extras["include_thoughts"] = thinking.get("includeThoughts") is True
+        return NormalizedRequest(
+            provider=self.name,
+            model=model,
+            messages=messages,
+            tools=tools,
+            tool_choice=_tool_choice(body.get("toolConfig")) if tools else None,
+            params=_sampling(gen),
+            stream=method == "streamGenerateContent",
+            dropped_tools=dropped,
+            extras=extras,
+        )
+
+    def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
+        parts = [p for group in _part_groups(completion, request) for p in group]
+        return _chunk(completion, request, parts, final=True)
+
+    def render_stream(self, completion: Completion, request: NormalizedRequest) -> list[bytes]:
+        groups = _part_groups(completion, request)
+        return [
+            sse(_chunk(completion, request, group, final=i == len(groups) - 1))
+            for i, group in enumerate(groups)
+        ]
+
+    def error_body(self, error: GatewayError) -> dict[str, Any]:
+        status = _ERROR_STATUS_BY_KIND.get(error.kind) or _ERROR_STATUS_BY_CODE.get(
+            error.status, "INTERNAL"
+        )
+        return {"error": {"code": error.status, "message": error.message, "status": status}}
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return sse(self.error_body(error))
+
+    def render_token_count(self, count: int) -> dict[str, Any]:
+        return {"totalTokens": count}
+
+
+# --- request side -------------------------------------------------------------------------------
+
+
+def _path_method(path: str) -> str | None:
+    match = _METHOD_RE.search(unquote(path))
+    return match.group(1) if match else None
+
+
+def _path_model(path: str) -> str:
+    head = _METHOD_RE.sub("", unquote(path))
+    match = _VERSIONED_MODEL_RE.search(head) or _ANY_MODEL_RE.search(head)
+    return match.group(1) if match else ""
+
+
+def _body_model(value: Any) -> str:
+    if not isinstance(value, str):
+        return ""
+    return value.removeprefix("models/")
+
+
+def _camel(key: str) -> str:
+    return _SNAKE_RE.sub(lambda m: m.group(1).upper(), key)
+
+
+def _fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """A structural object with snake_case keys read as camelCase (the camelCase key wins)."""
+    out = {_camel(k): v for k, v in obj.items() if _camel(k) != k}
+    out.update((k, v) for k, v in obj.items() if _camel(k) == k)
+    return out
+
+
+def _text_of(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{what} must be a string")
+    return value
+
+
+def _json_text(value: Any) -> str:
+    """Compact JSON in the client's key order; integers beyond 64 bits still serialize."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _system_text(value: Any) -> str:
+    """``systemInstruction`` as one string: a Content, a bare string, or a list of parts."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        value = _fields(value).get("parts")
+    texts = []
+    for raw in require_list(value, "systemInstruction.parts"):
+        part = _part(raw, "systemInstruction.parts[]")
+        if part.get("text") is not None:
+            texts.append(_text_of(part["text"], "systemInstruction text"))
+    return join_text(texts)
+
+
+def _part(raw: Any, what: str) -> dict[str, Any]:
+    if isinstance(raw, str):
+        return {"text": raw}
+    return _fields(require_dict(raw, what))
+
+
+def _messages(contents: Any) -> list[Message]:
+    if contents is None:
+        raise InvalidRequest("contents is required")
+    messages: list[Message] = []
+    pending: list[_PendingCall] = []  # the latest model turn's calls
+    for turn, raw in enumerate(require_list(contents, "contents")):
+        content = _fields(require_dict(raw, "contents[]"))
+        role = content.get("role") or "user"
+        parts = [
+            _part(p, "contents[].parts[]") for p in require_list(content.get("parts"), "parts")
+        ]
+        if role == "model":
+            message, calls = _model_message(parts, turn)
+            pending = [_PendingCall(c["id"], c["function"]["name"]) for c in calls]
+            if message is not None:
+                messages.append(message)
+        elif role in ("user", "function"):
+            messages.extend(_user_messages(parts, turn, pending))
+        else:
+            raise InvalidRequest(f"contents[].role must be 'user' or 'model', not {role!r}")
+    return messages
+
+
+@dataclass
+class _PendingCall:
+    """A function call of the latest model turn, awaiting its functionResponse."""
+
+    id: str
+    name: str
+    answered: bool = False
+
+
+def _model_message(parts: list[dict[str, Any]], turn: int) -> tuple[Message | None, list[Any]]:
+    """An assistant message (text, tool calls, reasoning) from one model Content."""
+    chunks: list[dict[str, Any]] = []
+    thoughts: list[str] = []
+    signed: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for part in parts:
+        sig = _signature_reasoning(part.get("thoughtSignature"))
+        if sig is not None and sig not in signed:
+            signed.append(sig)
+        if part.get("thought") is True and part.get("text") is not None:
+            thoughts.append(_text_of(part["text"], "thought text"))
+        elif part.get("functionCall") is not None:
+            calls.append(_function_call(part["functionCall"], turn, len(calls)))
+        else:
+            chunks.extend(_content_parts(part))
+    if not (chunks or calls or thoughts or signed):
+        return None, calls
+    message: Message = {"role": "assistant", "content": chat_content(chunks)}
+    reasoning = join_text(thoughts) if thoughts else join_text(signed)
+    if reasoning:
+        message["reasoning"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message, calls
+
+
+def _signature_reasoning(value: Any) -> str | None:
+    """The reasoning inside one of our signatures (base64-wrapped or bare); foreign ones: None."""
+    if not isinstance(value, str) or not value:
+        return None
+    bare = decode_reasoning(value)
+    if bare is not None:
+        return bare
+    try:
+        padded = value.replace("-", "+").replace("_", "/") + "=" * (-len(value) % 4)
+        raw = base64.b64decode(padded, validate=True)
+        return decode_reasoning(raw.decode("ascii"))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _function_call(raw: Any, turn: int, index: int) -> dict[str, Any]:
+    call = _fields(require_dict(raw, "functionCall"))
+    name = _text_of(call.get("name"), "functionCall.name")
+    call_id = call.get("id")
+    if call_id is None or call_id == "":
+        call_id = f"call_{turn}_{index}"
+    args = call.get("args")
+    if args is None:
+        arguments = "{}"
+    elif isinstance(args, dict):
+        arguments = _json_text(args)
+    else:
+        raise InvalidRequest("functionCall.args must be an object")
+    return {
+        "id": _text_of(call_id, "functionCall.id"),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _user_messages(
+    parts: list[dict[str, Any]], turn: int, pending: list[_PendingCall]
+) -> list[Message]:
+    """Tool results first (they must follow the assistant turn), then the user's own parts."""
+    results: list[Message] = []
+    chunks: list[dict[str, Any]] = []
+    for part in parts:
+        if part.get("functionResponse") is not None:
+            response = _fields(require_dict(part["functionResponse"], "functionResponse"))
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": _match_call(response, pending, turn, len(results)),
+                    "content": _json_text(response.get("response", {})),
+                }
+            )
+        else:
+            chunks.extend(_content_parts(part))
+    if chunks:
+        results.append({"role": "user", "content": chat_content(chunks)})
+    return results
+
+
+def _match_call(
+    response: dict[str, Any], pending: list[_PendingCall], turn: int, index: int
+) -> str:
+    """The id of the call a functionResponse answers: by id, else by name in order."""
+    name = _text_of(response.get("name"), "functionResponse.name")
+    given = response.get("id")
+    if given is not None and not isinstance(given, str):
+        raise InvalidRequest("functionResponse.id must be a string")
+    open_calls = [c for c in pending if not c.answered]
+    match = next((c for c in open_calls if given and c.id == given), None) or next(
+        (c for c in open_calls if c.name == name), None
+    )
+    if match is None:
+        return given or f"call_{turn}_{index}"
+    match.answered = True
+    return match.id
+
+
+def _content_parts(part: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat content parts for one Gemini part that is neither a call nor a result."""
+    if part.get("text") is not None:
+        return [{"type": "text", "text": _text_of(part["text"], "text")}]
+    if part.get("inlineData") is not None:
+        data = _fields(require_dict(part["inlineData"], "inlineData"))
+        mime = _text_of(data.get("mimeType") or "application/octet-stream", "inlineData.mimeType")
+        url = f"data:{mime};base64,{_text_of(data.get('data'), 'inlineData.data')}"
+        return [{"type": "image_url", "image_url": {"url": url}}]
+    if part.get("fileData") is not None:
+        data = _fields(require_dict(part["fileData"], "fileData"))
+        url = _text_of(data.get("fileUri"), "fileData.fileUri")
+        return [{"type": "image_url", "image_url": {"url": url}}]
+    if part.get("executableCode") is not None:
+        code = _fields(require_dict(part["executableCode"], "executableCode"))
+        language = _text_of(code.get("language") or "", "executableCode.language").lower()
+        text = f"```{language}\n{_text_of(code.get('code', ''), 'executableCode.code')}\n```"
+        return [{"type": "text", "text": text}]
+    if part.get("codeExecutionResult") is not None:
+        result = _fields(require_dict(part["codeExecutionResult"], "codeExecutionResult"))
+        output = _text_of(result.get("output", ""), "codeExecutionResult.output")
+        return [{"type": "text", "text": output}]
+    return []
+
+
+def _tools(raw: Any) -> tuple[list[Tool], list[str]]:
+    tools: list[Tool] = []
+    dropped: list[str] = []
+    for entry in require_list(raw, "tools"):
+        for key, value in _fields(require_dict(entry, "tools[]")).items():
+            if key == "functionDeclarations":
+                tools.extend(_function_tool(d) for d in require_list(value, key))
+            elif value is not None:
+                dropped.append(key)
+    return tools, dropped
+
+
+def _function_tool(raw: Any) -> Tool:
+    decl = _fields(require_dict(raw, "functionDeclarations[]"))
+    function: dict[str, Any] = {"name": _text_of(decl.get("name"), "functionDeclaration.name")}
+    if decl.get("description") is not None:
+        function["description"] = _text_of(decl["description"], "functionDeclaration.description")
+    if decl.get("parametersJsonSchema") is not None:
+        parameters = require_dict(decl["parametersJsonSchema"], "parametersJsonSchema")
+    elif decl.get("parameters") is not None:
+        parameters = _json_schema(decl["parameters"])
+    else:
+        parameters = {"type": "object", "properties": {}}
+    function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def _json_schema(raw: Any) -> dict[str, Any]:
+    """A Gemini OpenAPI-style Schema (``type: "OBJECT"``, ``nullable``) as JSON Schema."""
+    schema = _fields(require_dict(raw, "schema"))
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_DROPPED:
+            continue
+        name = _SCHEMA_RENAMES.get(key, key)
+        if key == "type":
+            if not isinstance(value, str):
+                raise InvalidRequest("schema type must be a string")
+            if value.upper() != "TYPE_UNSPECIFIED":
+                out[name] = value.lower()
+        elif key in ("properties", "defs"):
+            props = require_dict(value, f"schema {key}")
+            out[name] = {prop: _json_schema(sub) for prop, sub in props.items()}
+        elif key == "items" or (key == "additionalProperties" and isinstance(value, dict)):
+            out[name] = _json_schema(value)
+        elif key == "anyOf":
+            out[name] = [_json_schema(sub) for sub in require_list(value, "schema anyOf")]
+        else:
+            out[name] = value
+    if schema.get("nullable") is True and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _tool_choice(raw: Any) -> Any:
+    if raw is None:
+        return None
+    config = _fields(require_dict(raw, "toolConfig")).get("functionCallingConfig")
+    if config is None:
+        return None
+    config = _fields(require_dict(config, "functionCallingConfig"))
+    mode = config.get("mode")
+    if mode is None:
+        return None
+    choice = _TOOL_CHOICES.get(_text_of(mode, "functionCallingConfig.mode").upper())
+    allowed = require_list(config.get("allowedFunctionNames"), "allowedFunctionNames")
+    if choice == "required" and len(allowed) == 1:
+        name = _text_of(allowed[0], "allowedFunctionNames[]")
+        return {"type": "function", "function": {"name": name}}
+    return choice
+
+
+def _sampling(gen: dict[str, Any]) -> SamplingParams:
+    count = optional_number(gen, "candidateCount", int)
+    if count not in (None, 1):
+        raise InvalidRequest("candidateCount must be 1: the gateway samples one candidate")
+    return SamplingParams(
+        max_tokens=optional_number(gen, "maxOutputTokens", int),
+        temperature=optional_number(gen, "temperature"),
+        top_p=optional_number(gen, "topP"),
+        top_k=optional_number(gen, "topK", int),
+        stop=stop_list(gen.get("stopSequences")),
+        seed=optional_number(gen, "seed", int),
+    )
+
+
+# --- response side ------------------------------------------------------------------------------
+
+
+def _signature(reasoning: str) -> str:
+    return base64.b64encode(encode_reasoning(reasoning).encode("ascii")).decode("ascii")
+
+
+def _part_groups(completion: Completion, request: NormalizedRequest) -> list[list[dict[str, Any]]]:
+    """The reply's parts, grouped as streamed: thought, text, then every function call at once.
+
+    The signature rides on the first function call, else on the last non-thought part, since
+    Gemini clients drop thought parts from history but keep signatures.
+    """
+    thought: list[dict[str, Any]] = []
+    if completion.reasoning and request.extras.get("include_thoughts"):
+        thought = [{"text": completion.reasoning, "thought": True}]
+    text: list[dict[str, Any]] = [{"text": completion.content}] if completion.content else []
+    calls: list[dict[str, Any]] = [
+        {"functionCall": {"id": c.id, "name": c.name, "args": arguments_object(c.arguments)}}
+        for c in completion.tool_calls
+    ]
+    if not (text or calls):
+        text = [{"text": ""}]
+    if completion.reasoning:
+        (calls or text)[0]["thoughtSignature"] = _signature(completion.reasoning)
+    return [group for group in (thought, text, calls) if group]
+
+
+def _chunk(
+    completion: Completion, request: NormalizedRequest, parts: list[dict[str, Any]], *, final: bool
+) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+    reply: dict[str, Any] = {"candidates": [candidate]}
+    if final:
+        candidate["finishReason"] = _FINISH_REASONS.get(completion.finish_reason, "STOP")
+        reply["usageMetadata"] = {
+            "promptTokenCount": completion.prompt_tokens,
+            "candidatesTokenCount": completion.completion_tokens,
+            "totalTokenCount": completion.prompt_tokens + completion.completion_tokens,
+        }
+    reply["modelVersion"] = request.extras.get("model") or completion.model
+    reply["responseId"] = completion.id
+    return reply

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+from polar.capture.records import CaptureRecord
+from polar.capture.store import CaptureStore
+
+
+def _record(session: str, cid: str, prompt: list[int], sampled: list[int], logprobs=None) -> CaptureRecord:
+    now = time.time()
+    return CaptureRecord(
+        completion_id=cid,
+        session_id=session,
+        provider="openai_chat",
+        model="m",
+        engine="scripted",
+        started_at=now,
+        finished_at=now,
+        request={"messages": [{"role": "user", "content": "x"}]},
+        upstream_request={"model": "m"},
+        response={"role": "assistant", "content": "y"},
+        prompt_ids=prompt,
+        sampled_ids=sampled,
+        logprobs=logprobs,
+        finish_reason="stop",
+    )
+
+
+def test_records_round_trip_exactly_and_survive_reopen(tmp_path):
+    db = tmp_path / "c.db"
+    store = CaptureStore(db)
+    lp = [-0.1234567890123, -1e-9, -7.5]
+    asyncio.run(store.add_session("s1", {"task": "t"}))
+    saved = asyncio.run(store.append(_record("s1", "c1", [1, 2, 3, 70000], [5, 6, 2], lp)))
+    assert saved.seq == 0
+    store.close()
+    reopened = CaptureStore(db)
+    [record] = reopened.records("s1")
+    assert record.prompt_ids == [1, 2, 3, 70000]
+    assert record.sampled_ids == [5, 6, 2]
+    assert record.logprobs == lp  # float64 storage: bit-exact
+    assert record.request == {"messages": [{"role": "user", "content": "x"}]}
+    assert reopened.sessions() == {"s1": {"task": "t"}}
+    reopened.close()
+
+
+def test_growing_prompts_share_prefixes(tmp_path):
+    store = CaptureStore(tmp_path / "c.db")
+    prompt: list[int] = list(range(1000))
+    expected = []
+    for turn in range(30):
+        asyncio.run(store.append(_record("s", f"c{turn}", list(prompt), [9, 9, 2])))
+        expected.append(list(prompt))
+        prompt = prompt + [9, 9, 2] + list(range(turn * 10, turn * 10 + 50))
+    records = store.records("s")
+    assert [r.prompt_ids for r in records] == expected
+    assert [r.seq for r in records] == list(range(30))
+    stats = store.storage_stats("s")
+    assert stats["prompt_tokens_captured"] == sum(len(p) for p in expected)
+    # Each turn stores only its new tokens: the last prompt's length, not the sum of all.
+    assert stats["prompt_tokens_stored"] == len(expected[-1])
+    assert store.record("c17").prompt_ids == expected[17]
+    store.close()
+
+
+def test_interleaved_sessions_and_branches_rebuild(tmp_path):
+    store = CaptureStore(tmp_path / "c.db")
+    a1, b1 = list(range(100)), list(range(500, 600))
+    branch = list(range(50)) + [7] * 30  # shares only part of a1
+    for sid, cid, p in [("a", "a1", a1), ("b", "b1", b1), ("a", "a2", a1 + [1, 2]), ("a", "a3", branch)]:
+        asyncio.run(store.append(_record(sid, cid, p, [2])))
+    assert [r.prompt_ids for r in store.records("a")] == [a1, a1 + [1, 2], branch]
+    assert [r.prompt_ids for r in store.records("b")] == [b1]
+    asyncio.run(store.delete_session("a"))
+    assert store.records("a") == []
+    assert len(store.records("b")) == 1
+    store.close()
+
+
+def test_concurrent_appends_all_commit(tmp_path):
+    store = CaptureStore(tmp_path / "c.db")
+
+    async def many() -> list[CaptureRecord]:
+        return await asyncio.gather(
+            *(store.append(_record(f"s{i % 7}", f"c{i}", list(range(i, i + 40)), [i])) for i in range(300))
+        )
+
+    saved = asyncio.run(many())
+    assert len({r.completion_id for r in saved}) == 300
+    assert sum(len(store.records(f"s{k}")) for k in range(7)) == 300
+    assert sorted(r.seq for r in store.records("s0")) == list(range(len(store.records("s0"))))
+    store.close()
