@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 import httpx
@@ -22,7 +23,10 @@ from polar.providers.types import NormalizedRequest
 
 
 class OpenAICompatEngine(Engine):
-    """Calls ``/v1/chat/completions`` without streaming, asking for token ids and logprobs."""
+    """Calls ``/v1/chat/completions`` without streaming, asking for token ids and logprobs.
+
+    ``timeout_s`` bounds each call as a whole (httpx's own timeouts are per read).
+    """
 
     name: ClassVar[str] = "openai_compat"
     # Body fields that make the server return prompt ids, sampled ids and logprobs.
@@ -43,6 +47,7 @@ class OpenAICompatEngine(Engine):
             headers["authorization"] = f"Bearer {api_key}"
         self.base_url = base_url.rstrip("/")
         self.extra_body = dict(extra_body or {})
+        self.timeout_s = timeout_s
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,
@@ -98,8 +103,10 @@ class OpenAICompatEngine(Engine):
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            response = await self._client.post(path, content=orjson.dumps(body))
-        except httpx.TimeoutException as exc:
+            response = await asyncio.wait_for(
+                self._client.post(path, content=orjson.dumps(body)), self.timeout_s
+            )
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise EngineTimeout(f"engine at {self.base_url} timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"engine at {self.base_url} is unreachable: {exc!r}") from exc
