@@ -33,7 +33,9 @@ class SessionHandle:
 class GatewayHarness:
     """A running gateway + scripted engine, with helpers to script replies and read captures."""
 
-    def __init__(self, server: BackgroundServer, engine: ScriptedEngine, store: CaptureStore, app: Any):
+    def __init__(
+        self, server: BackgroundServer, engine: ScriptedEngine, store: CaptureStore, app: Any
+    ):
         self.server = server
         self.engine = engine
         self.store = store
@@ -63,7 +65,9 @@ class GatewayHarness:
 
 
 @pytest.fixture(scope="session")
-def _gateway_server(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterator[GatewayHarness]:
+def _gateway_server(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer: Any
+) -> Iterator[GatewayHarness]:
     db: Path = tmp_path_factory.mktemp("gateway") / "captures.db"
     config = GatewayConfig(capture_db=db, served_model="SmolLM2-135M-Instruct")
     engine = ScriptedEngine(ScriptedBackend(Script(), tokenizer=tokenizer))

@@ -42,7 +42,7 @@ class Registry(Generic[T]):
             module_name, _, attr = name.partition(":")
             try:
                 module = importlib.import_module(module_name)
-                return getattr(module, attr)  # type: ignore[no-any-return]
+                return getattr(module, attr)
             except (ImportError, AttributeError) as exc:
                 raise ConfigError(f"cannot import {self.kind} {name!r}: {exc}") from exc
         known = ", ".join(sorted(self._items)) or "none"

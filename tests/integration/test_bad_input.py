@@ -67,8 +67,14 @@ async def test_malformed_and_wrong_types_are_400s_and_serving_continues(gateway,
         b"",
         b"[1, 2, 3]",
         b'"just a string"',
-        {**valid, "messages": "nope"} if "messages" in valid else {**valid, "contents": 5} if "contents" in valid else {**valid, "input": 5},
-        {**valid, "temperature": "hot"} if provider != "google" else {**valid, "generationConfig": {"temperature": "hot"}},
+        {**valid, "messages": "nope"}
+        if "messages" in valid
+        else {**valid, "contents": 5}
+        if "contents" in valid
+        else {**valid, "input": 5},
+        {**valid, "temperature": "hot"}
+        if provider != "google"
+        else {**valid, "generationConfig": {"temperature": "hot"}},
     ]
     for case in cases:
         kwargs = {"content": case} if isinstance(case, bytes) else {"json": case}
@@ -84,7 +90,11 @@ async def test_malformed_and_wrong_types_are_400s_and_serving_continues(gateway,
 async def test_missing_and_unknown_sessions_are_401_in_provider_shape(gateway, provider):
     _, client, *_ = gateway()
     path, valid, message = SHAPES[provider]
-    for url, headers in [(path, {}), (f"/s/unknown{path}", {}), (path, {"authorization": "Bearer nope", "x-api-key": "nope"})]:
+    for url, headers in [
+        (path, {}),
+        (f"/s/unknown{path}", {}),
+        (path, {"authorization": "Bearer nope", "x-api-key": "nope"}),
+    ]:
         reply = await client.post(url, json=valid, headers=headers)
         assert reply.status_code == 401
         _shape_ok(provider, reply.json(), 401)
@@ -93,7 +103,9 @@ async def test_missing_and_unknown_sessions_are_401_in_provider_shape(gateway, p
 
 async def test_auto_registration_accepts_new_keys(gateway):
     _, client, _, store = gateway(auto_register=True)
-    reply = await client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer fresh-key"})
+    reply = await client.post(
+        "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer fresh-key"}
+    )
     assert reply.status_code == 200
     assert len(store.records("fresh-key")) == 1
 
@@ -101,7 +113,11 @@ async def test_auto_registration_accepts_new_keys(gateway):
 async def test_unknown_path_is_404(gateway):
     _, client, *_ = gateway()
     key = await _session(client)
-    for method, url in [("POST", f"/s/{key}/v1/embeddings"), ("GET", f"/s/{key}/v1/chat/completions"), ("POST", "/nothing/here")]:
+    for method, url in [
+        ("POST", f"/s/{key}/v1/embeddings"),
+        ("GET", f"/s/{key}/v1/chat/completions"),
+        ("POST", "/nothing/here"),
+    ]:
         reply = await client.request(method, url, json=CHAT)
         assert reply.status_code == 404
         assert reply.json()["error"]["message"]
@@ -124,7 +140,9 @@ async def test_engine_refusing_is_a_provider_error_and_nothing_is_recorded(gatew
     _, client, engine, store = gateway()
     key = await _session(client)
     path, valid, message = SHAPES[provider]
-    engine.backend.script.push(ScriptedReply(error_status=400, error_message="prompt too long for context"))
+    engine.backend.script.push(
+        ScriptedReply(error_status=400, error_message="prompt too long for context")
+    )
     reply = await client.post(f"/s/{key}{path}", json=valid)
     assert reply.status_code == 400
     assert "prompt too long for context" in message(reply.json())
@@ -146,7 +164,9 @@ async def test_engine_unreachable_is_503_and_timeout_is_504(gateway, tokenizer):
     assert reply.json()["error"]["type"] == "overloaded_error"
     assert "unreachable" in reply.json()["error"]["message"]
 
-    slow = ScriptedEngine(ScriptedBackend(Script([ScriptedReply(delay_s=1.0)]), tokenizer=tokenizer), timeout_s=0.2)
+    slow = ScriptedEngine(
+        ScriptedBackend(Script([ScriptedReply(delay_s=1.0)]), tokenizer=tokenizer), timeout_s=0.2
+    )
     _, client, *_ = gateway(engine=slow)
     key = await _session(client)
     reply = await client.post(f"/s/{key}/v1/chat/completions", json=CHAT)
@@ -170,12 +190,16 @@ async def test_admin_token_guards_admin_routes(gateway):
     assert reply.status_code == 201
     key = reply.json()["session_id"]
     # The session key works for model calls but not for admin routes.
-    assert (await client.get(f"/polar/sessions/{key}/records", headers={"authorization": f"Bearer {key}"})).status_code == 401
+    assert (
+        await client.get(
+            f"/polar/sessions/{key}/records", headers={"authorization": f"Bearer {key}"}
+        )
+    ).status_code == 401
     assert (await client.post(f"/s/{key}/v1/chat/completions", json=CHAT)).status_code == 200
 
 
 async def test_pause_holds_new_calls_until_resume(gateway):
-    app, client, *_ = gateway()
+    _, client, *_ = gateway()
     key = await _session(client)
     assert (await client.post("/polar/pause", json={"timeout_s": 5})).json()["drained"] is True
     call = asyncio.create_task(client.post(f"/s/{key}/v1/chat/completions", json=CHAT))

@@ -15,7 +15,10 @@ SHELL = types.Tool(
         types.FunctionDeclaration(
             name="shell",
             description="Run a command",
-            parameters_json_schema={"type": "object", "properties": {"command": {"type": "string"}}},
+            parameters_json_schema={
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+            },
         )
     ]
 )
@@ -42,13 +45,19 @@ def test_function_calling_round_trip(live_gateway, stream):
     session = live_gateway.new_session()
     client = _client(session.base_urls["google"], session.key)
     live_gateway.script(
-        ScriptedReply(content="Checking.", reasoning="list first", tool_calls=[("shell", {"command": "ls"})]),
+        ScriptedReply(
+            content="Checking.", reasoning="list first", tool_calls=[("shell", {"command": "ls"})]
+        ),
         ScriptedReply(content="Two files."),
     )
     config = types.GenerateContentConfig(tools=[SHELL], system_instruction="Be brief.")
     contents: list = [types.Content(role="user", parts=[types.Part(text="What files?")])]
     if stream:
-        chunks = list(client.models.generate_content_stream(model="gemini-x", contents=contents, config=config))
+        chunks = list(
+            client.models.generate_content_stream(
+                model="gemini-x", contents=contents, config=config
+            )
+        )
         parts = [p for c in chunks for p in c.candidates[0].content.parts]
         usage = chunks[-1].usage_metadata
     else:
@@ -57,10 +66,15 @@ def test_function_calling_round_trip(live_gateway, stream):
         usage = reply.usage_metadata
     calls = [p.function_call for p in parts if p.function_call]
     assert [(c.name, c.args) for c in calls] == [("shell", {"command": "ls"})]
-    assert usage.candidates_token_count == len(live_gateway.engine_log[0]["choices"][0]["token_ids"])
+    assert usage.candidates_token_count == len(
+        live_gateway.engine_log[0]["choices"][0]["token_ids"]
+    )
     contents += [
         types.Content(role="model", parts=parts),
-        types.Content(role="user", parts=[types.Part.from_function_response(name="shell", response={"output": "a b"})]),
+        types.Content(
+            role="user",
+            parts=[types.Part.from_function_response(name="shell", response={"output": "a b"})],
+        ),
     ]
     second = client.models.generate_content(model="gemini-x", contents=contents, config=config)
     assert second.text == "Two files."
@@ -69,7 +83,10 @@ def test_function_calling_round_trip(live_gateway, stream):
     assert history[0] == {"role": "system", "content": "Be brief."}
     assert history[2]["tool_calls"][0]["function"]["name"] == "shell"
     assert history[2].get("reasoning") == "list first"  # recovered from the thought signature
-    assert history[3]["role"] == "tool" and history[3]["tool_call_id"] == history[2]["tool_calls"][0]["id"]
+    assert (
+        history[3]["role"] == "tool"
+        and history[3]["tool_call_id"] == history[2]["tool_calls"][0]["id"]
+    )
 
 
 def test_unknown_key_raises_client_error(live_gateway):

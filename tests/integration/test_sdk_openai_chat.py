@@ -25,7 +25,9 @@ TOOLS = [
 
 def _client(live_gateway, key=None):
     session = live_gateway.new_session()
-    return session, openai.OpenAI(base_url=session.base_urls["openai"], api_key=key or session.key, max_retries=0)
+    return session, openai.OpenAI(
+        base_url=session.base_urls["openai"], api_key=key or session.key, max_retries=0
+    )
 
 
 def _assert_faithful(live_gateway, key):
@@ -47,14 +49,19 @@ def test_non_streaming_tool_round_trip(live_gateway):
         ScriptedReply(content="Let me look.", tool_calls=[("shell", {"command": "ls -la"})]),
         ScriptedReply(content="There are 3 files."),
     )
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What files?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What files?"},
+    ]
     first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     call = first.choices[0].message.tool_calls[0]
     assert first.choices[0].finish_reason == "tool_calls"
     assert call.function.name == "shell"
     assert json.loads(call.function.arguments) == {"command": "ls -la"}
     assert first.model == "m"
-    assert first.usage.completion_tokens == len(live_gateway.engine_log[0]["choices"][0]["token_ids"])
+    assert first.usage.completion_tokens == len(
+        live_gateway.engine_log[0]["choices"][0]["token_ids"]
+    )
     messages += [
         first.choices[0].message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": "a b c"}]},
@@ -73,23 +80,40 @@ def test_non_streaming_tool_round_trip(live_gateway):
 def test_streaming_with_usage_and_tool_call_arguments_whole(live_gateway):
     session, client = _client(live_gateway)
     live_gateway.script(
-        ScriptedReply(content="ok", tool_calls=[("shell", {"command": "echo 'ü' && ls"}), ("shell", {"command": "pwd"})])
+        ScriptedReply(
+            content="ok",
+            tool_calls=[("shell", {"command": "echo 'ü' && ls"}), ("shell", {"command": "pwd"})],
+        )
     )
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True,
+        model="m",
+        messages=[{"role": "user", "content": "go"}],
+        tools=TOOLS,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
-    args = [tc.function.arguments for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []]
+    args = [
+        tc.function.arguments
+        for c in chunks
+        for ch in c.choices
+        for tc in ch.delta.tool_calls or []
+    ]
     assert [json.loads(a) for a in args] == [{"command": "echo 'ü' && ls"}, {"command": "pwd"}]
-    assert chunks[-1].usage.completion_tokens == len(live_gateway.engine_log[0]["choices"][0]["token_ids"])
-    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["tool_calls"]
+    assert chunks[-1].usage.completion_tokens == len(
+        live_gateway.engine_log[0]["choices"][0]["token_ids"]
+    )
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == [
+        "tool_calls"
+    ]
     _assert_faithful(live_gateway, session.key)
 
 
 def test_sampling_policy_and_served_model_recorded(live_gateway):
     session, client = _client(live_gateway)
-    client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}], temperature=0.2)
+    client.chat.completions.create(
+        model="gpt-x", messages=[{"role": "user", "content": "hi"}], temperature=0.2
+    )
     record = live_gateway.records(session.key)[0]
     assert record.upstream_request["model"] == "SmolLM2-135M-Instruct"
     assert record.upstream_request["temperature"] == 1.0  # the run's policy overrides the client
@@ -108,5 +132,7 @@ def test_engine_error_passes_through_as_openai_error(live_gateway):
     _, client = _client(live_gateway)
     live_gateway.script(ScriptedReply(error_status=400, error_message="context length exceeded"))
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
     assert "context length exceeded" in info.value.message

@@ -28,7 +28,11 @@ from polar.gateway.server import BackgroundServer
 TOOL = {
     "name": "shell",
     "description": "Run a shell command",
-    "schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    "schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
 }
 TASK = "Create hello.txt containing 'hi'."
 
@@ -47,26 +51,73 @@ def _requests(stream: bool) -> dict[str, tuple[str, dict[str, Any], dict[str, An
     return {
         "openai_chat": (
             "/v1/chat/completions",
-            {"model": "any", "stream": stream, "messages": [{"role": "user", "content": TASK}],
-             "tools": [{"type": "function", "function": {"name": TOOL["name"], "description": TOOL["description"], "parameters": TOOL["schema"]}}]},
+            {
+                "model": "any",
+                "stream": stream,
+                "messages": [{"role": "user", "content": TASK}],
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": TOOL["name"],
+                            "description": TOOL["description"],
+                            "parameters": TOOL["schema"],
+                        },
+                    }
+                ],
+            },
             {"role": "tool", "content": "exit 0"},
         ),
         "openai_responses": (
             "/v1/responses",
-            {"model": "any", "stream": stream, "input": TASK,
-             "tools": [{"type": "function", "name": TOOL["name"], "description": TOOL["description"], "parameters": TOOL["schema"]}]},
+            {
+                "model": "any",
+                "stream": stream,
+                "input": TASK,
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": TOOL["name"],
+                        "description": TOOL["description"],
+                        "parameters": TOOL["schema"],
+                    }
+                ],
+            },
             {"type": "function_call_output", "output": "exit 0"},
         ),
         "anthropic": (
             "/v1/messages",
-            {"model": "any", "max_tokens": 256, "stream": stream, "messages": [{"role": "user", "content": TASK}],
-             "tools": [{"name": TOOL["name"], "description": TOOL["description"], "input_schema": TOOL["schema"]}]},
+            {
+                "model": "any",
+                "max_tokens": 256,
+                "stream": stream,
+                "messages": [{"role": "user", "content": TASK}],
+                "tools": [
+                    {
+                        "name": TOOL["name"],
+                        "description": TOOL["description"],
+                        "input_schema": TOOL["schema"],
+                    }
+                ],
+            },
             {"type": "tool_result", "content": "exit 0"},
         ),
         "google": (
             "/v1beta/models/any:" + ("streamGenerateContent" if stream else "generateContent"),
-            {"contents": [{"role": "user", "parts": [{"text": TASK}]}],
-             "tools": [{"functionDeclarations": [{"name": TOOL["name"], "description": TOOL["description"], "parametersJsonSchema": TOOL["schema"]}]}]},
+            {
+                "contents": [{"role": "user", "parts": [{"text": TASK}]}],
+                "tools": [
+                    {
+                        "functionDeclarations": [
+                            {
+                                "name": TOOL["name"],
+                                "description": TOOL["description"],
+                                "parametersJsonSchema": TOOL["schema"],
+                            }
+                        ]
+                    }
+                ],
+            },
             {"functionResponse": {"name": TOOL["name"], "response": {"output": "exit 0"}}},
         ),
     }
@@ -76,26 +127,53 @@ def _last_event_json(text: str) -> list[Any]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
-def _follow_up(provider: str, first: dict[str, Any], reply: httpx.Response, result: dict[str, Any], stream: bool) -> dict[str, Any]:
+def _follow_up(
+    provider: str,
+    first: dict[str, Any],
+    reply: httpx.Response,
+    result: dict[str, Any],
+    stream: bool,
+) -> dict[str, Any]:
     """The second-turn body: history + the assistant's tool call + the tool result."""
     body = json.loads(json.dumps(first))
     events = _last_event_json(reply.text) if stream else [reply.json()]
     if provider == "openai_chat":
-        calls = [c for e in events for ch in e.get("choices", []) for c in (ch.get("delta") or ch.get("message") or {}).get("tool_calls") or []]
-        body["messages"] += [{"role": "assistant", "content": None, "tool_calls": calls},
-                             result | {"tool_call_id": calls[0]["id"]}]
+        calls = [
+            c
+            for e in events
+            for ch in e.get("choices", [])
+            for c in (ch.get("delta") or ch.get("message") or {}).get("tool_calls") or []
+        ]
+        body["messages"] += [
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            result | {"tool_call_id": calls[0]["id"]},
+        ]
     elif provider == "openai_responses":
-        final = next(e["response"] for e in events if e.get("type") == "response.completed") if stream else events[0]
+        final = (
+            next(e["response"] for e in events if e.get("type") == "response.completed")
+            if stream
+            else events[0]
+        )
         items = [o for o in final["output"] if o["type"] == "function_call"]
-        body["input"] = [{"role": "user", "content": TASK}, *items, result | {"call_id": items[0]["call_id"]}]
+        body["input"] = [
+            {"role": "user", "content": TASK},
+            *items,
+            result | {"call_id": items[0]["call_id"]},
+        ]
     elif provider == "anthropic":
-        blocks = [e["content_block"] for e in events if e.get("type") == "content_block_start"] if stream else events[0]["content"]
+        blocks = (
+            [e["content_block"] for e in events if e.get("type") == "content_block_start"]
+            if stream
+            else events[0]["content"]
+        )
         if stream:
             for b in blocks:
                 if b["type"] == "tool_use":
                     b["input"] = {"command": "echo hi > hello.txt"}
-        body["messages"] += [{"role": "assistant", "content": blocks},
-                             {"role": "user", "content": [result | {"tool_use_id": blocks[-1]["id"]}]}]
+        body["messages"] += [
+            {"role": "assistant", "content": blocks},
+            {"role": "user", "content": [result | {"tool_use_id": blocks[-1]["id"]}]},
+        ]
     else:
         parts = [p for e in events for c in e.get("candidates", []) for p in c["content"]["parts"]]
         body["contents"] += [{"role": "model", "parts": parts}, {"role": "user", "parts": [result]}]
@@ -106,27 +184,48 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     out = Path(args.out or tempfile.mkdtemp(prefix="polar-demo-"))
     out.mkdir(parents=True, exist_ok=True)
-    console.print("[bold]Polar standalone capture demo[/] (scripted engine, real SmolLM2 tokenizer)")
+    console.print(
+        "[bold]Polar standalone capture demo[/] (scripted engine, real SmolLM2 tokenizer)"
+    )
     started = time.perf_counter()
     backend = ScriptedBackend(Script())
     engine = ScriptedEngine(backend)
     config = GatewayConfig(capture_db=out / "captures.db", served_model="SmolLM2-135M-Instruct")
     store = CaptureStore(config.capture_db)
     table = Table(title="Captured calls (every token compared with the engine's reply)")
-    for col in ("provider", "stream", "turn", "prompt ids", "sampled ids", "logprobs", "finish", "faithful"):
-        table.add_column(col, justify="right" if col in ("prompt ids", "sampled ids", "logprobs") else "left")
+    for col in (
+        "provider",
+        "stream",
+        "turn",
+        "prompt ids",
+        "sampled ids",
+        "logprobs",
+        "finish",
+        "faithful",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("prompt ids", "sampled ids", "logprobs") else "left"
+        )
     all_ok = True
-    with BackgroundServer(create_app(config, engine=engine, store=store)) as server, httpx.Client(timeout=60) as client:
+    with (
+        BackgroundServer(create_app(config, engine=engine, store=store)) as server,
+        httpx.Client(timeout=60) as client,
+    ):
         config.public_url = server.url
         console.print(f"gateway: {server.url}  capture store: {config.capture_db}")
         for stream in (False, True):
             for provider, (path, first, result) in _requests(stream).items():
-                session = client.post(f"{server.url}/polar/sessions", json={"metadata": {"demo": provider}}).json()
+                session = client.post(
+                    f"{server.url}/polar/sessions", json={"metadata": {"demo": provider}}
+                ).json()
                 url = session["base_urls"]["google" if provider == "google" else "anthropic"] + path
                 if provider == "google" and stream:
                     url += "?alt=sse"
                 backend.script.push(
-                    ScriptedReply(content="I'll create the file.", tool_calls=[("shell", {"command": "echo hi > hello.txt"})]),
+                    ScriptedReply(
+                        content="I'll create the file.",
+                        tool_calls=[("shell", {"command": "echo hi > hello.txt"})],
+                    ),
                     ScriptedReply(content="Created hello.txt."),
                 )
                 reply = client.post(url, json=first)
@@ -134,7 +233,9 @@ def run(args: argparse.Namespace) -> int:
                 second = client.post(url, json=_follow_up(provider, first, reply, result, stream))
                 second.raise_for_status()
                 records = store.records(session["session_id"])
-                for turn, (record, engine_reply) in enumerate(zip(records, backend.log[-2:], strict=True), 1):
+                for turn, (record, engine_reply) in enumerate(
+                    zip(records, backend.log[-2:], strict=True), 1
+                ):
                     choice = engine_reply["choices"][0]
                     ok = (
                         record.prompt_ids == engine_reply["prompt_token_ids"]
@@ -142,14 +243,23 @@ def run(args: argparse.Namespace) -> int:
                         and record.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
                     )
                     all_ok &= ok
-                    table.add_row(provider, str(stream), str(turn), str(len(record.prompt_ids)),
-                                  str(len(record.sampled_ids)), str(len(record.logprobs or [])),
-                                  record.finish_reason, "[green]yes[/]" if ok else "[red]NO[/]")
+                    table.add_row(
+                        provider,
+                        str(stream),
+                        str(turn),
+                        str(len(record.prompt_ids)),
+                        str(len(record.sampled_ids)),
+                        str(len(record.logprobs or [])),
+                        record.finish_reason,
+                        "[green]yes[/]" if ok else "[red]NO[/]",
+                    )
                 with (out / "records.jsonl").open("a") as f:
                     for record in records:
                         f.write(record.model_dump_json() + "\n")
     store.close()
     console.print(table)
-    console.print(f"records: {out / 'records.jsonl'}   wall time: {time.perf_counter() - started:.1f} s")
+    console.print(
+        f"records: {out / 'records.jsonl'}   wall time: {time.perf_counter() - started:.1f} s"
+    )
     console.print("[green]all captures token-faithful[/]" if all_ok else "[red]capture mismatch[/]")
     return 0 if all_ok else 1

@@ -53,7 +53,9 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     app = create_app(config)
-    print(f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}); "
-          f"create a session: POST {config.base_url()}/polar/sessions")
+    print(
+        f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}); "
+        f"create a session: POST {config.base_url()}/polar/sessions"
+    )
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False)
     return 0

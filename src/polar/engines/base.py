@@ -25,5 +25,5 @@ class Engine(ABC):
     async def health(self) -> bool:
         return True
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release connections; the default holds none."""

@@ -15,6 +15,7 @@ are never changed by this; only the structured view of them is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -39,11 +40,13 @@ def template_supports_tools(chat_template: str | None) -> bool:
 def render_tool_call(name: str, arguments: str | dict[str, Any]) -> str:
     """The exact text of one call, as the model is asked to emit it."""
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments) if arguments else {}
-        except json.JSONDecodeError:
-            pass
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        + "\n</tool_call>"
+    )
 
 
 def render_tools_block(tools: list[dict[str, Any]]) -> str:
@@ -86,7 +89,9 @@ def messages_for_plain_template(
         role = msg.get("role", "user")
         content = flatten_content(msg.get("content"))
         if role == "assistant":
-            out.append({"role": "assistant", "content": assistant_text(content, msg.get("tool_calls"))})
+            out.append(
+                {"role": "assistant", "content": assistant_text(content, msg.get("tool_calls"))}
+            )
         elif role == "tool":
             out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
         else:
@@ -129,7 +134,10 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
             {
                 "id": "call_" + uuid.uuid4().hex[:24],
                 "type": "function",
-                "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+                "function": {
+                    "name": obj["name"],
+                    "arguments": json.dumps(args, ensure_ascii=False),
+                },
             }
         )
     return text[: matches[0].start()].rstrip("\n"), calls

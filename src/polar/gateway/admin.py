@@ -103,13 +103,13 @@ async def get_session(request: Request, session_id: str) -> SessionInfo:
 @router.get("/sessions/{session_id}/completions")
 async def list_completions(request: Request, session_id: str) -> list[dict[str, Any]]:
     _session(request, session_id)
-    return request.app.state.store.summaries(session_id)  # type: ignore[no-any-return]
+    return request.app.state.store.summaries(session_id)
 
 
 @router.get("/sessions/{session_id}/records")
 async def get_records(request: Request, session_id: str) -> list[CaptureRecord]:
     _session(request, session_id)
-    return request.app.state.store.records(session_id)  # type: ignore[no-any-return]
+    return request.app.state.store.records(session_id)
 
 
 @router.get("/sessions/{session_id}/records/{completion_id}")
@@ -117,7 +117,7 @@ async def get_record(request: Request, session_id: str, completion_id: str) -> C
     record = request.app.state.store.record(completion_id)
     if record is None or record.session_id != _session(request, session_id).session_id:
         raise HTTPException(status_code=404, detail=f"unknown completion {completion_id!r}")
-    return record  # type: ignore[no-any-return]
+    return record
 
 
 @router.delete("/sessions/{session_id}", status_code=204)

@@ -58,10 +58,13 @@ def create_app(
 
     async def models(request: Request) -> Response:
         name = config.served_model or "polar"
-        return json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "polar"}]})
+        return json_response(
+            {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "polar"}]}
+        )
 
     app.add_route("/v1/models", models, methods=["GET"], include_in_schema=False)
     app.add_route("/s/{key}/v1/models", models, methods=["GET"], include_in_schema=False)
+
     async def model_api(request: Request) -> Response:
         return await proxy(request)
 

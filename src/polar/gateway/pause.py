@@ -34,7 +34,9 @@ class GenerationGate:
             try:
                 await asyncio.wait_for(self._open.wait(), wait_s)
             except TimeoutError as exc:
-                raise EngineUnavailable("generation is paused for a weight update", retry_after=5) from exc
+                raise EngineUnavailable(
+                    "generation is paused for a weight update", retry_after=5
+                ) from exc
         self._in_flight += 1
         self._idle.clear()
         try:

@@ -17,7 +17,9 @@ def apply_policy(request: NormalizedRequest, config: GatewayConfig) -> list[str]
     policy = config.sampling
     for name in _SAMPLING_FIELDS:
         value = getattr(policy, name)
-        if value is not None and (policy.mode == "override" or getattr(request.params, name) is None):
+        if value is not None and (
+            policy.mode == "override" or getattr(request.params, name) is None
+        ):
             setattr(request.params, name, value)
     cap = policy.max_tokens
     if cap is not None:

@@ -28,7 +28,12 @@ from polar.errors import (
 from polar.gateway.config import GatewayConfig
 from polar.gateway.pause import GenerationGate
 from polar.gateway.policy import apply_policy, clamp_to_context
-from polar.gateway.sessions import GatewaySession, SessionTable, key_from_headers, split_session_prefix
+from polar.gateway.sessions import (
+    GatewaySession,
+    SessionTable,
+    key_from_headers,
+    split_session_prefix,
+)
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
 from polar.providers.registry import ProviderSet
 from polar.providers.types import Completion, NormalizedRequest
@@ -40,7 +45,9 @@ _BARE_PATHS = {"", "/", "/v1", "/v1/", "/v1beta", "/v1beta/"}
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return Response(
+        orjson.dumps(body), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 class Proxy:
@@ -104,7 +111,9 @@ class Proxy:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+            raise PayloadTooLarge(
+                f"request body of {declared} bytes exceeds the {limit}-byte limit"
+            )
         chunks = []
         size = 0
         async for chunk in request.stream():
@@ -119,11 +128,15 @@ class Proxy:
         if session is not None:
             return session
         if key and self.config.auto_register:
-            session = self.sessions.add(GatewaySession(session_id=key, metadata={"auto_registered": True}))
+            session = self.sessions.add(
+                GatewaySession(session_id=key, metadata={"auto_registered": True})
+            )
             await self.store.add_session(key, session.metadata)
             return session
         if not key:
-            raise AuthenticationFailed("no session key: use /s/<session>/... or the session id as API key")
+            raise AuthenticationFailed(
+                "no session key: use /s/<session>/... or the session id as API key"
+            )
         raise AuthenticationFailed("unknown session key")
 
     async def _generate(
@@ -137,7 +150,9 @@ class Proxy:
                 if clamp_to_context(normalized, prompt_tokens, self.config.context_window):
                     flags.append("max_tokens_clamped_to_context")
             result = await self.engine.complete(normalized)
-            version = result.policy_version if result.policy_version is not None else self.policy_version
+            version = (
+                result.policy_version if result.policy_version is not None else self.policy_version
+            )
         record = self._record(provider, session, normalized, body, result, started, version, flags)
         await self.store.append(record)
         session.calls += 1

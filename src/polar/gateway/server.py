@@ -12,7 +12,9 @@ import uvicorn
 class BackgroundServer:
     """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ):
         config = uvicorn.Config(
             app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
         )

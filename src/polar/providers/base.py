@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -107,6 +108,8 @@ def optional_number(body: Mapping[str, Any], key: str, kind: type = float) -> An
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequest(f"{key} must be a number")
+    if not math.isfinite(value):
+        raise InvalidRequest(f"{key} must be a finite number")
     if kind is int:
         if value != int(value):
             raise InvalidRequest(f"{key} must be an integer")

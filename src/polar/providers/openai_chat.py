@@ -75,7 +75,9 @@ class OpenAIChatProvider(Provider):
             raise InvalidRequest("messages must not be empty")
         tools, dropped = _tools(body)
         stream_options = body.get("stream_options")
-        include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+        include_usage = isinstance(stream_options, dict) and bool(
+            stream_options.get("include_usage")
+        )
         max_tokens = optional_number(body, "max_completion_tokens", int)
         if max_tokens is None:
             max_tokens = optional_number(body, "max_tokens", int)
@@ -107,7 +109,11 @@ class OpenAIChatProvider(Provider):
             message["reasoning_content"] = completion.reasoning
         if completion.tool_calls:
             message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 for c in completion.tool_calls
             ]
         return {
@@ -116,7 +122,12 @@ class OpenAIChatProvider(Provider):
             "created": completion.created,
             "model": _model(completion, request),
             "choices": [
-                {"index": 0, "message": message, "finish_reason": completion.finish_reason, "logprobs": None}
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": completion.finish_reason,
+                    "logprobs": None,
+                }
             ],
             "usage": _usage(completion),
         }
@@ -221,7 +232,10 @@ def _user_content(content: Any, i: int) -> str | list[dict[str, Any]]:
 
 
 def _assistant(msg: Mapping[str, Any], i: int) -> Message:
-    out: Message = {"role": "assistant", "content": _text(msg.get("content"), f"messages[{i}].content")}
+    out: Message = {
+        "role": "assistant",
+        "content": _text(msg.get("content"), f"messages[{i}].content"),
+    }
     calls = []
     for j, raw in enumerate(require_list(msg.get("tool_calls"), f"messages[{i}].tool_calls")):
         call = require_dict(raw, f"messages[{i}].tool_calls[{j}]")
@@ -254,7 +268,9 @@ def _tools(body: Mapping[str, Any]) -> tuple[list[Tool], list[str]]:
         fn = require_dict(tool.get("function"), f"tools[{i}].function")
         tools.append({"type": "function", "function": _function(fn, f"tools[{i}].function")})
     for i, raw in enumerate(require_list(body.get("functions"), "functions")):
-        tools.append({"type": "function", "function": _function(require_dict(raw), f"functions[{i}]")})
+        tools.append(
+            {"type": "function", "function": _function(require_dict(raw), f"functions[{i}]")}
+        )
     return tools, dropped
 
 

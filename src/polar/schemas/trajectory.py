@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class TrajectoryStatus(str, Enum):
+class TrajectoryStatus(StrEnum):
     COMPLETED = "COMPLETED"
     TIMEOUT = "TIMEOUT"
     ERROR = "ERROR"

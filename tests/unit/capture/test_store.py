@@ -7,7 +7,9 @@ from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 
 
-def _record(session: str, cid: str, prompt: list[int], sampled: list[int], logprobs=None) -> CaptureRecord:
+def _record(
+    session: str, cid: str, prompt: list[int], sampled: list[int], logprobs=None
+) -> CaptureRecord:
     now = time.time()
     return CaptureRecord(
         completion_id=cid,
@@ -52,7 +54,7 @@ def test_growing_prompts_share_prefixes(tmp_path):
     for turn in range(30):
         asyncio.run(store.append(_record("s", f"c{turn}", list(prompt), [9, 9, 2])))
         expected.append(list(prompt))
-        prompt = prompt + [9, 9, 2] + list(range(turn * 10, turn * 10 + 50))
+        prompt = [*prompt, 9, 9, 2, *range(turn * 10, turn * 10 + 50)]
     records = store.records("s")
     assert [r.prompt_ids for r in records] == expected
     assert [r.seq for r in records] == list(range(30))
@@ -68,7 +70,12 @@ def test_interleaved_sessions_and_branches_rebuild(tmp_path):
     store = CaptureStore(tmp_path / "c.db")
     a1, b1 = list(range(100)), list(range(500, 600))
     branch = list(range(50)) + [7] * 30  # shares only part of a1
-    for sid, cid, p in [("a", "a1", a1), ("b", "b1", b1), ("a", "a2", a1 + [1, 2]), ("a", "a3", branch)]:
+    for sid, cid, p in [
+        ("a", "a1", a1),
+        ("b", "b1", b1),
+        ("a", "a2", a1 + [1, 2]),
+        ("a", "a3", branch),
+    ]:
         asyncio.run(store.append(_record(sid, cid, p, [2])))
     assert [r.prompt_ids for r in store.records("a")] == [a1, a1 + [1, 2], branch]
     assert [r.prompt_ids for r in store.records("b")] == [b1]
@@ -83,7 +90,10 @@ def test_concurrent_appends_all_commit(tmp_path):
 
     async def many() -> list[CaptureRecord]:
         return await asyncio.gather(
-            *(store.append(_record(f"s{i % 7}", f"c{i}", list(range(i, i + 40)), [i])) for i in range(300))
+            *(
+                store.append(_record(f"s{i % 7}", f"c{i}", list(range(i, i + 40)), [i]))
+                for i in range(300)
+            )
         )
 
     saved = asyncio.run(many())

@@ -27,31 +27,58 @@ def test_vllm_shape():
                 "message": _message(),
                 "finish_reason": "stop",
                 "token_ids": [10, 2],
-                "logprobs": {"content": [{"token": "hi", "logprob": -0.5}, {"token": "<|im_end|>", "logprob": -0.01}]},
+                "logprobs": {
+                    "content": [
+                        {"token": "hi", "logprob": -0.5},
+                        {"token": "<|im_end|>", "logprob": -0.01},
+                    ]
+                },
             }
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
     }
     completion, tokens = capture_from_response(body)
-    assert (tokens.prompt_ids, tokens.sampled_ids, tokens.logprobs) == ([1, 2, 3], [10, 2], [-0.5, -0.01])
+    assert (tokens.prompt_ids, tokens.sampled_ids, tokens.logprobs) == (
+        [1, 2, 3],
+        [10, 2],
+        [-0.5, -0.01],
+    )
     assert tokens.flags == []
     assert completion.content == "hi" and completion.finish_reason == "stop"
 
 
 def test_sglang_token_id_in_logprob_entries_matches_vllm():
-    entries = [{"token": "hi", "logprob": -0.5, "token_id": 10}, {"token": "x", "logprob": -0.01, "token_id": 2}]
+    entries = [
+        {"token": "hi", "logprob": -0.5, "token_id": 10},
+        {"token": "x", "logprob": -0.01, "token_id": 2},
+    ]
     body = {
-        "choices": [{"message": _message(), "finish_reason": "stop", "prompt_token_ids": [1, 2, 3], "logprobs": {"content": entries}}],
+        "choices": [
+            {
+                "message": _message(),
+                "finish_reason": "stop",
+                "prompt_token_ids": [1, 2, 3],
+                "logprobs": {"content": entries},
+            }
+        ],
         "usage": {"completion_tokens": 2},
     }
     _, tokens = capture_from_response(body)
-    assert (tokens.prompt_ids, tokens.sampled_ids, tokens.logprobs, tokens.flags) == ([1, 2, 3], [10, 2], [-0.5, -0.01], [])
+    assert (tokens.prompt_ids, tokens.sampled_ids, tokens.logprobs, tokens.flags) == (
+        [1, 2, 3],
+        [10, 2],
+        [-0.5, -0.01],
+        [],
+    )
 
 
 def test_sglang_meta_info_triples():
     body = {
         "choices": [{"message": _message(), "finish_reason": "length"}],
-        "meta_info": {"prompt_token_ids": [4], "output_token_logprobs": [[-0.1, 7, "a"], [-0.2, 8, "b"]]},
+        "meta_info": {
+            "prompt_token_ids": [4],
+            "output_token_logprobs": [[-0.1, 7, "a"], [-0.2, 8, "b"]],
+        },
     }
     _, tokens = capture_from_response(body)
     assert (tokens.prompt_ids, tokens.sampled_ids, tokens.logprobs) == ([4], [7, 8], [-0.1, -0.2])
@@ -70,11 +97,24 @@ def test_fallbacks_and_gaps_are_flagged_never_filled():
     }
     _, tokens = capture_from_response(body)
     assert tokens.sampled_ids == [11]
-    assert set(tokens.flags) == {FLAG_PROMPT_IDS_MISSING, FLAG_SAMPLED_IDS_FROM_TOKEN_STRINGS, FLAG_USAGE_MISMATCH}
+    assert set(tokens.flags) == {
+        FLAG_PROMPT_IDS_MISSING,
+        FLAG_SAMPLED_IDS_FROM_TOKEN_STRINGS,
+        FLAG_USAGE_MISMATCH,
+    }
 
 
 def test_misaligned_or_missing_logprobs_are_dropped_and_flagged():
-    body = {"prompt_token_ids": [1], "choices": [{"message": _message(), "token_ids": [5, 6], "logprobs": {"content": [{"logprob": -1.0}]}}]}
+    body = {
+        "prompt_token_ids": [1],
+        "choices": [
+            {
+                "message": _message(),
+                "token_ids": [5, 6],
+                "logprobs": {"content": [{"logprob": -1.0}]},
+            }
+        ],
+    }
     _, tokens = capture_from_response(body)
     assert tokens.logprobs is None and FLAG_LOGPROBS_MISALIGNED in tokens.flags
     body["choices"][0].pop("logprobs")
@@ -87,7 +127,9 @@ def test_tool_calls_force_tool_calls_finish_and_dict_arguments_become_text():
         "prompt_token_ids": [1],
         "choices": [
             {
-                "message": _message(tool_calls=[{"id": "c1", "function": {"name": "f", "arguments": {"a": 1}}}]),
+                "message": _message(
+                    tool_calls=[{"id": "c1", "function": {"name": "f", "arguments": {"a": 1}}}]
+                ),
                 "finish_reason": "stop",
                 "token_ids": [3],
                 "logprobs": {"content": [{"logprob": -0.3}]},

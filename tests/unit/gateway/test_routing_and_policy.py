@@ -25,22 +25,39 @@ def test_session_ids_are_unguessable_and_urls_route_back():
     ids = {new_session_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(len(i) >= 32 for i in ids)
     urls = base_urls("http://gw:1/", "ps-x")
-    assert urls == {"anthropic": "http://gw:1/s/ps-x", "openai": "http://gw:1/s/ps-x/v1", "google": "http://gw:1/s/ps-x"}
+    assert urls == {
+        "anthropic": "http://gw:1/s/ps-x",
+        "openai": "http://gw:1/s/ps-x/v1",
+        "google": "http://gw:1/s/ps-x",
+    }
 
 
 def _request(**params) -> NormalizedRequest:
-    return NormalizedRequest(provider="openai_chat", model="client", messages=[], params=SamplingParams(**params))
+    return NormalizedRequest(
+        provider="openai_chat", model="client", messages=[], params=SamplingParams(**params)
+    )
 
 
 def test_policy_overrides_or_fills_and_clamps():
-    config = GatewayConfig(served_model="served", sampling=SamplingPolicy(temperature=0.7, top_p=0.9, max_tokens=100))
+    config = GatewayConfig(
+        served_model="served", sampling=SamplingPolicy(temperature=0.7, top_p=0.9, max_tokens=100)
+    )
     request = _request(temperature=0.1, max_tokens=16384)
     assert apply_policy(request, config) == [FLAG_MAX_TOKENS_CLAMPED]
-    assert (request.model, request.params.temperature, request.params.top_p, request.params.max_tokens) == ("served", 0.7, 0.9, 100)
+    assert (
+        request.model,
+        request.params.temperature,
+        request.params.top_p,
+        request.params.max_tokens,
+    ) == ("served", 0.7, 0.9, 100)
     config.sampling.mode = "default"
     request = _request(temperature=0.1)
     assert apply_policy(request, config) == []
-    assert (request.params.temperature, request.params.top_p, request.params.max_tokens) == (0.1, 0.9, 100)
+    assert (request.params.temperature, request.params.top_p, request.params.max_tokens) == (
+        0.1,
+        0.9,
+        100,
+    )
 
 
 def test_clamp_to_context():

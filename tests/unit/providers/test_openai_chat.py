@@ -30,12 +30,21 @@ def test_qwen_style_history_normalizes():
         "messages": [
             {"role": "system", "content": [{"type": "text", "text": "You are Qwen Code."}]},
             {"role": "developer", "content": "Be careful."},
-            {"role": "user", "content": [{"type": "text", "text": "fix"}, {"type": "text", "text": "the bug"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "fix"}, {"type": "text", "text": "the bug"}],
+            },
             {
                 "role": "assistant",
                 "content": None,
                 "reasoning_content": "think",
-                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "sh", "arguments": '{"cmd":"ls"}'}}],
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "sh", "arguments": '{"cmd":"ls"}'},
+                    }
+                ],
             },
             {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a.py"}]},
         ],
@@ -55,12 +64,20 @@ def test_qwen_style_history_normalizes():
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "sh", "arguments": '{"cmd":"ls"}'}}],
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "sh", "arguments": '{"cmd":"ls"}'},
+                }
+            ],
             "reasoning": "think",
         },
         {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
     ]
-    assert req.tools == [{"type": "function", "function": {"name": "sh", "parameters": {"type": "object"}}}]
+    assert req.tools == [
+        {"type": "function", "function": {"name": "sh", "parameters": {"type": "object"}}}
+    ]
     assert req.dropped_tools == ["web_search"]
     assert (req.params.max_tokens, req.params.stop, req.params.top_k) == (8000, ["END"], 20)
     assert req.stream and req.extras["include_usage"]
@@ -68,7 +85,9 @@ def test_qwen_style_history_normalizes():
 
 
 def test_tool_choice_not_sent_without_tools():
-    req = P.parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, CTX)
+    req = P.parse_request(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, CTX
+    )
     assert "tool_choice" not in req.chat_body()
 
 
@@ -103,32 +122,48 @@ def _completion() -> Completion:
 
 
 def _sdk(handler) -> openai.OpenAI:
-    return openai.OpenAI(api_key="k", base_url="http://gw/v1", max_retries=0, http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    return openai.OpenAI(
+        api_key="k",
+        base_url="http://gw/v1",
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
+    )
 
 
 def _serve(request: httpx.Request) -> httpx.Response:
     req = P.parse_request(json.loads(request.content), CTX)
     if req.stream:
-        return httpx.Response(200, content=b"".join(P.render_stream(_completion(), req)), headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200,
+            content=b"".join(P.render_stream(_completion(), req)),
+            headers={"content-type": "text/event-stream"},
+        )
     return httpx.Response(200, json=P.render_response(_completion(), req))
 
 
 def test_sdk_parses_reply_and_stream():
     client = _sdk(_serve)
-    reply = client.chat.completions.create(model="asked", messages=[{"role": "user", "content": "x"}])
+    reply = client.chat.completions.create(
+        model="asked", messages=[{"role": "user", "content": "x"}]
+    )
     assert reply.model == "asked"
     assert reply.choices[0].message.content == "Hi ü"
     assert reply.choices[0].message.tool_calls[0].function.arguments == '{"cmd": "ls -la"}'
     assert reply.usage.total_tokens == 17
     chunks = list(
         client.chat.completions.create(
-            model="asked", messages=[{"role": "user", "content": "x"}], stream=True, stream_options={"include_usage": True}
+            model="asked",
+            messages=[{"role": "user", "content": "x"}],
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
     calls = [tc for c in chunks for ch in c.choices for tc in ch.delta.tool_calls or []]
     assert text == "Hi ü"
-    assert [(tc.id, tc.function.name, tc.function.arguments) for tc in calls] == [("call_1", "sh", '{"cmd": "ls -la"}')]
+    assert [(tc.id, tc.function.name, tc.function.arguments) for tc in calls] == [
+        ("call_1", "sh", '{"cmd": "ls -la"}')
+    ]
     assert chunks[-1].usage.completion_tokens == 7
 
 
@@ -149,10 +184,26 @@ def test_sdk_raises_typed_errors(error: GatewayError, exc: type[Exception]):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
     max_leaves=20,
 )
-keys = st.sampled_from(["messages", "tools", "tool_choice", "max_tokens", "stop", "temperature", "n", "role", "content", "tool_calls", "function"])
+keys = st.sampled_from(
+    [
+        "messages",
+        "tools",
+        "tool_choice",
+        "max_tokens",
+        "stop",
+        "temperature",
+        "n",
+        "role",
+        "content",
+        "tool_calls",
+        "function",
+    ]
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -167,12 +218,22 @@ def test_fuzz_parse_never_crashes(body):
 @settings(max_examples=100, deadline=None)
 @given(
     st.text(max_size=40),
-    st.lists(st.tuples(st.text(min_size=1, max_size=10), st.dictionaries(st.text(max_size=5), json_values, max_size=3)), max_size=3),
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=10),
+            st.dictionaries(st.text(max_size=5), json_values, max_size=3),
+        ),
+        max_size=3,
+    ),
 )
 def test_fuzz_stream_frames_replay_the_completion(content, calls):
     completion = Completion(
-        id="x", model="m", content=content,
-        tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=json.dumps(a)) for i, (n, a) in enumerate(calls)],
+        id="x",
+        model="m",
+        content=content,
+        tool_calls=[
+            ToolCall(id=f"c{i}", name=n, arguments=json.dumps(a)) for i, (n, a) in enumerate(calls)
+        ],
         finish_reason="tool_calls" if calls else "stop",
     )
     req = P.parse_request({"messages": [{"role": "user", "content": "x"}], "stream": True}, CTX)
@@ -180,5 +241,9 @@ def test_fuzz_stream_frames_replay_the_completion(content, calls):
     assert frames[-1] == b"data: [DONE]\n\n"
     events = [json.loads(f[6:]) for f in frames[:-1]]
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == content
-    got = [tc["function"]["arguments"] for e in events for tc in e["choices"][0]["delta"].get("tool_calls", [])]
+    got = [
+        tc["function"]["arguments"]
+        for e in events
+        for tc in e["choices"][0]["delta"].get("tool_calls", [])
+    ]
     assert [json.loads(a) for a in got] == [a for _, a in calls]

@@ -1,0 +1,550 @@
+"""Anthropic Messages API (``POST .../v1/messages``), the wire API Claude Code speaks.
+
+Request quirks handled here and nowhere else:
+
+* ``system`` (a string or text blocks) and ``role: "system"`` messages inside ``messages`` are
+  merged, in order, into one leading system message. Lines starting with
+  ``x-anthropic-billing-header:`` are removed from system text: Claude Code puts one there that
+  changes on every call, which would break prefix merging. Removed lines go to
+  ``extras["stripped"]``.
+* A user turn holding ``tool_result`` blocks becomes one ``role: tool`` message per result (in
+  order), then a user message with the turn's other blocks. Tool-result content lists are
+  flattened to text; a result with ``is_error: true`` is prefixed with ``"Error: "``. Images inside
+  a tool result cannot ride in a chat tool message, so they move to that trailing user message.
+* ``thinking`` blocks become the assistant's ``reasoning``: the text inside our own synthetic
+  ``signature`` when it decodes, else the block's ``thinking`` text. ``redacted_thinking`` and
+  server-tool blocks are dropped (noted in ``extras["notes"]``), as are server tools (any tool
+  whose ``type`` is not ``custom``), listed in ``dropped_tools``.
+* ``cache_control``, ``metadata``, citations and ``disable_parallel_tool_use`` are ignored.
+
+Replies: a ``thinking`` block (signed with :func:`encode_reasoning`) when the completion has
+reasoning, a text block when it has text, one ``tool_use`` block per call. A completion with none
+of these still gets one empty text block, so the assistant turn exists in the client's history
+and the stream brackets a block as clients expect. The engine never says which stop sequence
+matched, so ``stop_sequence`` is always ``null`` and a stop is reported as ``end_turn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+from polar.errors import GatewayError, InvalidRequest
+from polar.providers.base import (
+    COUNT_TOKENS,
+    GENERATE,
+    Provider,
+    RequestContext,
+    arguments_object,
+    arguments_text,
+    chat_content,
+    join_text,
+    new_id,
+    optional_number,
+    require_dict,
+    require_list,
+    sse,
+    stop_list,
+)
+from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.types import (
+    Completion,
+    Message,
+    NormalizedRequest,
+    SamplingParams,
+    Tool,
+)
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+
+_STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal"}
+
+# Block types only the Messages API uses; a body carrying one is Anthropic-shaped.
+_ANTHROPIC_BLOCKS = frozenset(
+    {"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"}
+)
+
+_ERROR_TYPES_BY_KIND = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "request_too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
+    "overloaded": "overloaded_error",
+    "timeout": "timeout_error",
+}
+
+_ERROR_TYPES_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+class AnthropicProvider(Provider):
+    """Anthropic Messages: ``/messages`` and ``/messages/count_tokens``."""
+
+    name: ClassVar[str] = "anthropic"
+
+    def operation(self, ctx: RequestContext) -> str | None:
+        if ctx.method.upper() != "POST":
+            return None
+        path = ctx.path.partition("?")[0].rstrip("/")
+        if path.endswith("/messages/count_tokens"):
+            return COUNT_TOKENS
+        if path.endswith("/messages"):
+            return GENERATE
+        return None
+
+    def matches_headers(self, headers: Mapping[str, str]) -> bool:
+        return "anthropic-version" in headers
+
+    def matches_body(self, body: Any) -> bool:
+        if not isinstance(body, dict) or "max_tokens" not in body:
+            return False
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return False
+        if "system" in body or "stop_sequences" in body or "thinking" in body:
+            return True
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and any(
+                isinstance(block, dict) and block.get("type") in _ANTHROPIC_BLOCKS
+                for block in content
+            ):
+                return True
+        return False
+
+    def parse_request(self, body: Any, ctx: RequestContext) -> NormalizedRequest:
+        body = require_dict(body)
+        model = body.get("model", "")
+        if not isinstance(model, str):
+            raise InvalidRequest("model must be a string")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InvalidRequest("stream must be a boolean")
+        if body.get("messages") is None:
+            raise InvalidRequest("messages is required")
+
+        conversion = _Conversion()
+        if body.get("system") is not None:
+            conversion.add_system(body["system"], "system")
+        history: list[Message] = []
+        for index, message in enumerate(require_list(body["messages"], "messages")):
+            history.extend(conversion.message(message, f"messages[{index}]"))
+
+        dropped: list[str] = []
+        tools = _tools(body.get("tools"), dropped)
+        tool_choice = _tool_choice(body.get("tool_choice"))
+
+        system = join_text(conversion.system)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.extend(history)
+
+        extras: dict[str, Any] = {"model": model, "thinking": _thinking_type(body.get("thinking"))}
+        if conversion.stripped:
+            extras["stripped"] = conversion.stripped
+        if conversion.notes:
+            extras["notes"] = conversion.notes
+        return NormalizedRequest(
+            provider=self.name,
+            model=model,
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice if tools else None,
+            params=_sampling(body),
+            stream=stream,
+            dropped_tools=dropped,
+            extras=extras,
+        )
+
+    def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
+        return _message(completion, request, _content_blocks(completion), _stop_reason(completion))
+
+    def render_stream(self, completion: Completion, request: NormalizedRequest) -> list[bytes]:
+        start = _message(completion, request, [], None)
+        start["usage"]["output_tokens"] = 0
+        frames = [
+            sse({"type": "message_start", "message": start}, "message_start"),
+            sse({"type": "ping"}, "ping"),
+        ]
+        for index, block in enumerate(_content_blocks(completion)):
+            opening, deltas = _block_events(block)
+            frames.append(
+                sse(
+                    {"type": "content_block_start", "index": index, "content_block": opening},
+                    "content_block_start",
+                )
+            )
+            frames.extend(
+                sse(
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                    "content_block_delta",
+                )
+                for delta in deltas
+            )
+            frames.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        frames.append(
+            sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": _stop_reason(completion), "stop_sequence": None},
+                    "usage": _usage(completion),
+                },
+                "message_delta",
+            )
+        )
+        frames.append(sse({"type": "message_stop"}, "message_stop"))
+        return frames
+
+    def error_body(self, error: GatewayError) -> dict[str, Any]:
+        kind = _ERROR_TYPES_BY_KIND.get(error.kind) or _ERROR_TYPES_BY_STATUS.get(
+            error.status, "api_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return sse(self.error_body(error), "error")
+
+    def render_token_count(self, count: int) -> dict[str, Any]:
+        return {"input_tokens": count}
+
+
+@dataclass
+class _Conversion:
+    """Accumulates what one request's messages contribute beyond the chat history itself."""
+
+    system: list[str] = field(default_factory=list)
+    stripped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add_system(self, value: Any, where: str) -> None:
+        for block in _blocks(value, where):
+            if block["type"] != "text":
+                raise InvalidRequest(f"{where} may only hold text blocks")
+            self.system.append(self._strip_billing(_string(block.get("text"), f"{where} text")))
+
+    def _strip_billing(self, text: str) -> str:
+        if BILLING_HEADER not in text:
+            return text
+        kept = []
+        for line in text.split("\n"):
+            if line.startswith(BILLING_HEADER):
+                self.stripped.append(line)
+            else:
+                kept.append(line)
+        return "\n".join(kept)
+
+    def message(self, raw: Any, where: str) -> list[Message]:
+        message = require_dict(raw, where)
+        role = message.get("role")
+        if role == "system":
+            self.add_system(message.get("content"), where)
+            return []
+        blocks = _blocks(message.get("content"), f"{where}.content")
+        if role == "user":
+            return self._user(blocks, where)
+        if role == "assistant":
+            return [self._assistant(blocks, where)]
+        raise InvalidRequest(f"{where}.role must be user, assistant or system")
+
+    def _user(self, blocks: list[dict[str, Any]], where: str) -> list[Message]:
+        results: list[Message] = []
+        moved: list[dict[str, Any]] = []
+        parts: list[dict[str, Any]] = []
+        for index, block in enumerate(blocks):
+            at = f"{where}.content[{index}]"
+            if block["type"] == "tool_result":
+                results.append(self._tool_result(block, at, moved))
+                continue
+            part = self._user_part(block, at)
+            if part is not None:
+                parts.append(part)
+        parts = moved + parts
+        if parts or not results:
+            results.append({"role": "user", "content": chat_content(parts)})
+        return results
+
+    def _user_part(self, block: dict[str, Any], where: str) -> dict[str, Any] | None:
+        kind = block["type"]
+        if kind == "image":
+            url = self._image_url(block, where)
+            return None if url is None else {"type": "image_url", "image_url": {"url": url}}
+        text = self._text_of(block, where)
+        return None if text is None else {"type": "text", "text": text}
+
+    def _text_of(self, block: dict[str, Any], where: str) -> str | None:
+        """The text a text-like block carries; ``None`` (noted) for blocks we cannot pass on."""
+        kind = block["type"]
+        if kind == "text":
+            return _string(block.get("text"), f"{where}.text")
+        if kind == "document":
+            return self._document_text(block, where)
+        if kind == "search_result":
+            return join_text(
+                [_string(b.get("text"), f"{where} text") for b in _text_blocks(block, where)]
+            )
+        self.notes.append(f"dropped {kind} block at {where}")
+        return None
+
+    def _document_text(self, block: dict[str, Any], where: str) -> str | None:
+        source = require_dict(block.get("source"), f"{where}.source")
+        kind = source.get("type")
+        if kind == "text":
+            return _string(source.get("data"), f"{where}.source.data")
+        if kind == "content":
+            pieces = []
+            for index, part in enumerate(_blocks(source.get("content"), f"{where}.source")):
+                if part["type"] == "text":
+                    pieces.append(_string(part.get("text"), f"{where}.source[{index}].text"))
+            return join_text(pieces)
+        self.notes.append(f"dropped document with {kind} source at {where}")
+        return None
+
+    def _image_url(self, block: dict[str, Any], where: str) -> str | None:
+        source = require_dict(block.get("source"), f"{where}.source")
+        kind = source.get("type")
+        if kind == "base64":
+            media = _string(source.get("media_type"), f"{where}.source.media_type")
+            data = _string(source.get("data"), f"{where}.source.data")
+            return f"data:{media};base64,{data}"
+        if kind == "url":
+            return _string(source.get("url"), f"{where}.source.url")
+        self.notes.append(f"dropped image with {kind} source at {where}")
+        return None
+
+    def _tool_result(
+        self, block: dict[str, Any], where: str, moved: list[dict[str, Any]]
+    ) -> Message:
+        call_id = _string(block.get("tool_use_id"), f"{where}.tool_use_id")
+        is_error = block.get("is_error", False)
+        if not isinstance(is_error, bool):
+            raise InvalidRequest(f"{where}.is_error must be a boolean")
+        texts: list[str] = []
+        content = block.get("content")
+        if content is not None:
+            for index, part in enumerate(_blocks(content, f"{where}.content")):
+                at = f"{where}.content[{index}]"
+                if part["type"] == "image":
+                    url = self._image_url(part, at)
+                    if url is not None:
+                        moved.append({"type": "image_url", "image_url": {"url": url}})
+                    continue
+                text = self._text_of(part, at)
+                if text is not None:
+                    texts.append(text)
+        text = join_text(texts)
+        if is_error:
+            text = f"Error: {text}" if text else "Error"
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    def _assistant(self, blocks: list[dict[str, Any]], where: str) -> Message:
+        texts: list[str] = []
+        reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for index, block in enumerate(blocks):
+            at = f"{where}.content[{index}]"
+            kind = block["type"]
+            if kind == "text":
+                texts.append(_string(block.get("text"), f"{at}.text"))
+            elif kind == "tool_use":
+                calls.append(_tool_call(block, at))
+            elif kind == "thinking":
+                reasoning.append(_thinking_text(block, at))
+            else:
+                self.notes.append(f"dropped {kind} block at {at}")
+        message: Message = {"role": "assistant", "content": join_text(texts)}
+        if calls:
+            message["tool_calls"] = calls
+        thought = join_text(reasoning)
+        if thought:
+            message["reasoning"] = thought
+        return message
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{what} must be a string")
+    return value
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """Message content as typed blocks; a plain string is one text block."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where} must be a string or an array of content blocks")
+    blocks = []
+    for index, block in enumerate(content):
+        block = require_dict(block, f"{where}[{index}]")
+        if not isinstance(block.get("type"), str):
+            raise InvalidRequest(f"{where}[{index}].type must be a string")
+        blocks.append(block)
+    return blocks
+
+
+def _text_blocks(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    return [b for b in _blocks(block.get("content"), f"{where}.content") if b["type"] == "text"]
+
+
+def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+    arguments = block.get("input")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise InvalidRequest(f"{where}.input must be an object")
+    try:
+        text = arguments_text(arguments)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequest(f"{where}.input cannot be encoded: {exc}") from exc
+    return {
+        "id": _string(block.get("id"), f"{where}.id"),
+        "type": "function",
+        "function": {"name": _string(block.get("name"), f"{where}.name"), "arguments": text},
+    }
+
+
+def _thinking_text(block: dict[str, Any], where: str) -> str:
+    """Our own signature carries the exact sampled reasoning; otherwise trust the text."""
+    signature = block.get("signature")
+    decoded = decode_reasoning(signature) if isinstance(signature, str) else None
+    if decoded is not None:
+        return decoded
+    thinking = block.get("thinking", "")
+    return _string(thinking, f"{where}.thinking")
+
+
+def _tools(raw: Any, dropped: list[str]) -> list[Tool]:
+    tools: list[Tool] = []
+    for index, tool in enumerate(require_list(raw, "tools")):
+        tool = require_dict(tool, f"tools[{index}]")
+        kind = tool.get("type")
+        if kind is not None and kind != "custom":
+            dropped.append(_string(kind, f"tools[{index}].type"))
+            continue
+        function: dict[str, Any] = {"name": _string(tool.get("name"), f"tools[{index}].name")}
+        if tool.get("description") is not None:
+            function["description"] = _string(tool["description"], f"tools[{index}].description")
+        schema = tool.get("input_schema")
+        function["parameters"] = (
+            {"type": "object", "properties": {}}
+            if schema is None
+            else require_dict(schema, f"tools[{index}].input_schema")
+        )
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _tool_choice(raw: Any) -> Any:
+    if raw is None:
+        return None
+    choice = require_dict(raw, "tool_choice")
+    kind = choice.get("type")
+    if kind == "tool":
+        name = _string(choice.get("name"), "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
+    if isinstance(kind, str) and kind in _TOOL_CHOICES:
+        return _TOOL_CHOICES[kind]
+    raise InvalidRequest("tool_choice.type must be auto, any, tool or none")
+
+
+def _thinking_type(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    return _string(require_dict(raw, "thinking").get("type"), "thinking.type")
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=optional_number(body, "max_tokens", int),
+        temperature=optional_number(body, "temperature"),
+        top_p=optional_number(body, "top_p"),
+        top_k=optional_number(body, "top_k", int),
+        stop=stop_list(body.get("stop_sequences")),
+    )
+
+
+def _content_blocks(completion: Completion) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if completion.reasoning:
+        blocks.append(
+            {
+                "type": "thinking",
+                "thinking": completion.reasoning,
+                "signature": encode_reasoning(completion.reasoning),
+            }
+        )
+    if completion.content or not (completion.reasoning or completion.tool_calls):
+        blocks.append({"type": "text", "text": completion.content})
+    blocks.extend(
+        {
+            "type": "tool_use",
+            "id": call.id or new_id("toolu_"),
+            "name": call.name,
+            "input": arguments_object(call.arguments),
+        }
+        for call in completion.tool_calls
+    )
+    return blocks
+
+
+def _block_events(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A block's ``content_block_start`` payload and its deltas, each delta complete."""
+    kind = block["type"]
+    if kind == "thinking":
+        return {"type": "thinking", "thinking": "", "signature": ""}, [
+            {"type": "thinking_delta", "thinking": block["thinking"]},
+            {"type": "signature_delta", "signature": block["signature"]},
+        ]
+    if kind == "tool_use":
+        partial = orjson.dumps(block["input"]).decode()
+        return {**block, "input": {}}, [{"type": "input_json_delta", "partial_json": partial}]
+    text = block["text"]
+    return {"type": "text", "text": ""}, [{"type": "text_delta", "text": text}] if text else []
+
+
+def _message(
+    completion: Completion,
+    request: NormalizedRequest,
+    content: list[dict[str, Any]],
+    stop_reason: str | None,
+) -> dict[str, Any]:
+    message_id = completion.id if completion.id.startswith("msg_") else None
+    if message_id is None:
+        message_id = f"msg_{completion.id}" if completion.id else new_id("msg_")
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": request.extras.get("model") or request.model or completion.model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": _usage(completion),
+    }
+
+
+def _stop_reason(completion: Completion) -> str:
+    if completion.finish_reason in _STOP_REASONS:
+        return _STOP_REASONS[completion.finish_reason]
+    return "tool_use" if completion.tool_calls else "end_turn"
+
+
+def _usage(completion: Completion) -> dict[str, int]:
+    return {
+        "input_tokens": completion.prompt_tokens,
+        "output_tokens": completion.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
