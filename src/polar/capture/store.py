@@ -169,7 +169,9 @@ class CaptureStore:
     def _insert_record(self, conn: sqlite3.Connection, record: CaptureRecord) -> CaptureRecord:
         sid = record.session_id
         if sid not in self._seq:
-            row = conn.execute("SELECT MAX(seq) FROM completions WHERE session_id = ?", (sid,)).fetchone()
+            row = conn.execute(
+                "SELECT MAX(seq) FROM completions WHERE session_id = ?", (sid,)
+            ).fetchone()
             self._seq[sid] = -1 if row[0] is None else int(row[0])
         self._seq[sid] += 1
         record.seq = self._seq[sid]
@@ -209,7 +211,10 @@ class CaptureStore:
             return self._read.execute(sql, params).fetchall()
 
     def session_ids(self) -> list[str]:
-        return [r["session_id"] for r in self._rows("SELECT session_id FROM sessions ORDER BY created_at", ())]
+        return [
+            r["session_id"]
+            for r in self._rows("SELECT session_id FROM sessions ORDER BY created_at", ())
+        ]
 
     def sessions(self) -> dict[str, dict[str, Any]]:
         rows = self._rows("SELECT session_id, metadata FROM sessions", ())
@@ -233,7 +238,9 @@ class CaptureStore:
 
     def records(self, session_id: str) -> list[CaptureRecord]:
         """All records of a session in call order, prompts rebuilt from their shared prefixes."""
-        rows = self._rows("SELECT * FROM completions WHERE session_id = ? ORDER BY seq", (session_id,))
+        rows = self._rows(
+            "SELECT * FROM completions WHERE session_id = ? ORDER BY seq", (session_id,)
+        )
         prompts: dict[str, np.ndarray] = {}
         return [self._record(r, prompts) for r in rows]
 
@@ -252,7 +259,9 @@ class CaptureStore:
         else:
             base = prompts.get(base_id)
             if base is None:
-                base_rows = self._rows("SELECT * FROM completions WHERE completion_id = ?", (base_id,))
+                base_rows = self._rows(
+                    "SELECT * FROM completions WHERE completion_id = ?", (base_id,)
+                )
                 base = self._prompt(base_rows[0], prompts)
             prompt = np.concatenate([base[: row["prompt_prefix_len"]], suffix])
         prompts[row["completion_id"]] = prompt
@@ -285,4 +294,7 @@ class CaptureStore:
             "FROM completions WHERE session_id = ?",
             (session_id,),
         )
-        return {"prompt_tokens_captured": rows[0]["captured"] or 0, "prompt_tokens_stored": rows[0]["stored"] or 0}
+        return {
+            "prompt_tokens_captured": rows[0]["captured"] or 0,
+            "prompt_tokens_stored": rows[0]["stored"] or 0,
+        }

@@ -26,7 +26,11 @@ from polar.providers.types import FINISH_REASONS, Completion, ToolCall
 
 def capture_from_response(body: Any) -> tuple[Completion, TokenCapture]:
     """The normalized completion and token capture of choice 0 of an engine reply."""
-    if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
+    if (
+        not isinstance(body, dict)
+        or not isinstance(body.get("choices"), list)
+        or not body["choices"]
+    ):
         raise EngineError("engine reply has no choices")
     choice = body["choices"][0]
     if not isinstance(choice, dict):

@@ -115,7 +115,9 @@ class OpenAICompatEngine(Engine):
         try:
             reply = orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:
-            raise EngineError(f"engine returned invalid JSON ({len(response.content)} bytes)") from exc
+            raise EngineError(
+                f"engine returned invalid JSON ({len(response.content)} bytes)"
+            ) from exc
         if not isinstance(reply, dict):
             raise EngineError("engine returned a non-object reply")
         return reply

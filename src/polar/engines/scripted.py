@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httpx
-
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -26,8 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
-from polar.engines.vllm import VLLMEngine
 from polar.engines.tool_text import assistant_text, messages_for_plain_template
+from polar.engines.vllm import VLLMEngine
 
 
 @dataclass
@@ -46,7 +45,9 @@ class ScriptedReply:
 class Script:
     """A queue of replies, thread-safe; ``default`` answers when the queue is empty."""
 
-    def __init__(self, replies: list[ScriptedReply] | None = None, default: ScriptedReply | None = None):
+    def __init__(
+        self, replies: list[ScriptedReply] | None = None, default: ScriptedReply | None = None
+    ):
         self._queue: deque[ScriptedReply] = deque(replies or [])
         self.default = default or ScriptedReply(content="Done.")
         self._lock = threading.Lock()
@@ -82,9 +83,13 @@ class ScriptedBackend:
         self.eot_id = int(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.log: list[dict[str, Any]] = []
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         rendered = messages_for_plain_template(messages, tools)
-        ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(
+            rendered, add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
@@ -160,7 +165,13 @@ def create_scripted_app(backend: ScriptedBackend) -> Starlette:
             await asyncio.sleep(reply.delay_s)
         if reply.error_status:
             return JSONResponse(
-                {"error": {"message": reply.error_message, "type": "BadRequestError", "code": reply.error_status}},
+                {
+                    "error": {
+                        "message": reply.error_message,
+                        "type": "BadRequestError",
+                        "code": reply.error_status,
+                    }
+                },
                 status_code=reply.error_status,
             )
         return JSONResponse(await run_in_threadpool(backend.respond, body, reply))
@@ -171,11 +182,22 @@ def create_scripted_app(backend: ScriptedBackend) -> Starlette:
             ids = await run_in_threadpool(backend.prompt_ids, body["messages"], body.get("tools"))
         else:
             ids = backend.tokenizer.encode(body.get("prompt", ""), add_special_tokens=False)
-        return JSONResponse({"count": len(ids), "tokens": ids, "max_model_len": backend.max_model_len})
+        return JSONResponse(
+            {"count": len(ids), "tokens": ids, "max_model_len": backend.max_model_len}
+        )
 
     async def models(request: Request) -> Response:
         return JSONResponse(
-            {"object": "list", "data": [{"id": backend.model_name, "object": "model", "max_model_len": backend.max_model_len}]}
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": backend.model_name,
+                        "object": "model",
+                        "max_model_len": backend.max_model_len,
+                    }
+                ],
+            }
         )
 
     async def health(request: Request) -> Response:

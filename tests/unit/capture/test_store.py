@@ -73,11 +73,11 @@ def test_interleaved_sessions_and_branches_rebuild(tmp_path):
     for sid, cid, p in [
         ("a", "a1", a1),
         ("b", "b1", b1),
-        ("a", "a2", a1 + [1, 2]),
+        ("a", "a2", [*a1, 1, 2]),
         ("a", "a3", branch),
     ]:
         asyncio.run(store.append(_record(sid, cid, p, [2])))
-    assert [r.prompt_ids for r in store.records("a")] == [a1, a1 + [1, 2], branch]
+    assert [r.prompt_ids for r in store.records("a")] == [a1, [*a1, 1, 2], branch]
     assert [r.prompt_ids for r in store.records("b")] == [b1]
     asyncio.run(store.delete_session("a"))
     assert store.records("a") == []

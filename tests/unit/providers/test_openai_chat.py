@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 
 import httpx
@@ -209,10 +210,8 @@ keys = st.sampled_from(
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(json_values, st.dictionaries(keys, json_values, max_size=6)))
 def test_fuzz_parse_never_crashes(body):
-    try:
+    with contextlib.suppress(InvalidRequest):
         P.parse_request(body, CTX)
-    except InvalidRequest:
-        pass
 
 
 @settings(max_examples=100, deadline=None)
