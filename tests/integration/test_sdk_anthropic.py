@@ -1,0 +1,141 @@
+"""The official anthropic SDK against the live gateway and scripted engine."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+from polar.engines.scripted import ScriptedReply
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [
+    {
+        "name": "bash",
+        "description": "Run a command",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+    {"type": "web_search_20250305", "name": "web_search"},
+]
+
+
+def _assert_faithful(live_gateway, key):
+    records = live_gateway.records(key)
+    assert len(records) == len(live_gateway.engine_log) > 0
+    for record, reply in zip(records, live_gateway.engine_log, strict=True):
+        choice = reply["choices"][0]
+        assert record.provider == "anthropic"
+        assert record.prompt_ids == reply["prompt_token_ids"]
+        assert record.sampled_ids == choice["token_ids"]
+        assert record.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+    return records
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_use_round_trip(live_gateway, stream):
+    session = live_gateway.new_session()
+    client = anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+    live_gateway.script(
+        ScriptedReply(
+            content="I'll list.", reasoning="need ls", tool_calls=[("bash", {"command": "ls -1"})]
+        ),
+        ScriptedReply(content="Found a.txt."),
+    )
+    messages: list = [{"role": "user", "content": "List files"}]
+    kwargs = {
+        "model": "claude-x",
+        "max_tokens": 8000,
+        "system": "You are Claude Code.",
+        "tools": TOOLS,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    if stream:
+        with client.messages.stream(messages=messages, **kwargs) as s:
+            first = s.get_final_message()
+    else:
+        first = client.messages.create(messages=messages, **kwargs)
+    assert first.stop_reason == "tool_use"
+    kinds = [b.type for b in first.content]
+    assert kinds == ["thinking", "text", "tool_use"]
+    tool_use = first.content[2]
+    assert tool_use.input == {"command": "ls -1"}
+    assert first.usage.output_tokens == len(live_gateway.engine_log[0]["choices"][0]["token_ids"])
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": tool_use.id,
+                    "content": [{"type": "text", "text": "a.txt"}],
+                }
+            ],
+        },
+    ]
+    second = client.messages.create(messages=messages, **kwargs)
+    assert second.content[-1].text == "Found a.txt."
+    records = _assert_faithful(live_gateway, session.key)
+    assert records[0].dropped_tools == ["web_search_20250305"]
+    sent = records[1].upstream_request["messages"]
+    assert sent[0] == {"role": "system", "content": "You are Claude Code."}
+    assert sent[2]["tool_calls"][0]["id"] == tool_use.id
+    assert sent[2]["reasoning"] == "need ls"  # recovered from our synthetic signature
+    assert sent[3] == {"role": "tool", "tool_call_id": tool_use.id, "content": "a.txt"}
+    assert records[1].prompt_ids[: len(records[0].prompt_ids)] == records[0].prompt_ids
+
+
+def test_claude_code_style_request_routes_by_x_api_key(live_gateway):
+    session = live_gateway.new_session()
+    body = {
+        "model": "claude-sonnet",
+        "max_tokens": 100,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abc"},
+            {"type": "text", "text": "You are Claude Code."},
+        ],
+        "messages": [
+            {"role": "system", "content": "Extra rules."},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+    }
+    reply = httpx.post(
+        f"{live_gateway.base_url}/v1/messages?beta=true",
+        json=body,
+        headers={"x-api-key": session.key, "anthropic-version": "2023-06-01"},
+    )
+    assert reply.status_code == 200
+    events = [
+        line.split(": ", 1)[1] for line in reply.text.splitlines() if line.startswith("event: ")
+    ]
+    assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
+    assert events.count("content_block_start") == events.count("content_block_stop") >= 1
+    [record] = live_gateway.records(session.key)
+    assert record.upstream_request["messages"][0] == {
+        "role": "system",
+        "content": "You are Claude Code.\nExtra rules.",
+    }
+
+
+def test_count_tokens_uses_the_engine_tokenizer(live_gateway):
+    session = live_gateway.new_session()
+    client = anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+    count = client.messages.count_tokens(
+        model="m", messages=[{"role": "user", "content": "hello there"}]
+    )
+    ids = live_gateway.engine.backend.prompt_ids([{"role": "user", "content": "hello there"}], None)
+    assert count.input_tokens == len(ids)
+
+
+def test_unknown_key_raises_authentication_error(live_gateway):
+    client = anthropic.Anthropic(base_url=live_gateway.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        client.messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )

@@ -1,0 +1,71 @@
+"""The official openai SDK (Responses API, as Codex speaks it) against the live gateway."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from polar.engines.scripted import ScriptedReply
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "shell",
+        "description": "Run a command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+        },
+    },
+    {"type": "web_search"},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_call_round_trip(live_gateway, stream):
+    session = live_gateway.new_session()
+    client = openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
+    live_gateway.script(
+        ScriptedReply(content="", reasoning="run ls", tool_calls=[("shell", {"command": ["ls"]})]),
+        ScriptedReply(content="Done: a.txt"),
+    )
+    kwargs = {
+        "model": "gpt-5-codex",
+        "instructions": "You are Codex.",
+        "tools": TOOLS,
+        "include": ["reasoning.encrypted_content"],
+        "store": False,
+    }
+    items: list = [{"role": "user", "content": [{"type": "input_text", "text": "list files"}]}]
+    if stream:
+        with client.responses.stream(input=items, **kwargs) as s:
+            events = [e.type for e in s]
+            first = s.get_final_response()
+        assert events[-1] == "response.completed"
+        assert "response.function_call_arguments.done" in events
+    else:
+        first = client.responses.create(input=items, **kwargs)
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("shell", {"command": ["ls"]})]
+    reasoning = [o for o in first.output if o.type == "reasoning"]
+    assert reasoning and reasoning[0].encrypted_content
+    items += [o.model_dump(exclude_none=True) for o in first.output]
+    items.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": "a.txt"})
+    second = client.responses.create(input=items, **kwargs)
+    assert second.output_text == "Done: a.txt"
+    records = live_gateway.records(session.key)
+    for record, reply in zip(records, live_gateway.engine_log, strict=True):
+        assert record.prompt_ids == reply["prompt_token_ids"]
+        assert record.sampled_ids == reply["choices"][0]["token_ids"]
+        assert record.logprobs == [e["logprob"] for e in reply["choices"][0]["logprobs"]["content"]]
+    sent = records[1].upstream_request["messages"]
+    assert sent[0] == {"role": "system", "content": "You are Codex."}
+    assistant = sent[2]
+    assert assistant["reasoning"] == "run ls"
+    assert assistant["tool_calls"][0]["id"] == calls[0].call_id
+    assert sent[3] == {"role": "tool", "tool_call_id": calls[0].call_id, "content": "a.txt"}
+    assert records[0].dropped_tools == ["web_search"]
