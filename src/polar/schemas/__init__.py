@@ -1,5 +1,29 @@
 """The public wire contract (pydantic models); names here are stable."""
 
+from polar.schemas.task import (
+    AgentSpec,
+    BuilderSpec,
+    EvaluatorSpec,
+    RuntimeSpec,
+    SessionResult,
+    SessionStatus,
+    StrategySpec,
+    TaskRequest,
+    TaskResult,
+)
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 
-__all__ = ["Trace", "Trajectory", "TrajectoryStatus"]
+__all__ = [
+    "AgentSpec",
+    "BuilderSpec",
+    "EvaluatorSpec",
+    "RuntimeSpec",
+    "SessionResult",
+    "SessionStatus",
+    "StrategySpec",
+    "TaskRequest",
+    "TaskResult",
+    "Trace",
+    "Trajectory",
+    "TrajectoryStatus",
+]

@@ -1,0 +1,133 @@
+"""TaskRequest and what comes back for it: the rollout service's public contract."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar.schemas.trajectory import Trajectory
+
+
+class RuntimeSpec(BaseModel):
+    """Where a harness runs: which runtime, which image or root, limits and prepare steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(
+        "bubblewrap", description="local, bubblewrap, docker, apptainer, or module:Class."
+    )
+    image: str | None = Field(None, description="Container image (docker/apptainer).")
+    workdir: str = Field(
+        "/workspace", description="The harness's working directory inside the runtime."
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Files to create in the workdir: path -> content."
+    )
+    prepare: list[str] = Field(default_factory=list, description="Shell commands run during INIT.")
+    env: dict[str, str] = Field(default_factory=dict)
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    network: str = Field("gateway", description="gateway (loopback only) or host.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Runtime-specific options.")
+
+
+class AgentSpec(BaseModel):
+    """Which harness runs the task, against which model name, with which settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    harness: str | None = Field(
+        "shell",
+        description="Preset name (codex, claude_code, qwen_code, gemini_cli, opencode, pi, shell).",
+    )
+    import_path: str | None = Field(
+        None, description="module:Class of a custom harness (instead of harness)."
+    )
+    model_name: str = Field("polar", description="Model name the harness is configured with.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Preset-specific settings.")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class StrategySpec(BaseModel):
+    """A pluggable strategy by name or module:Class, with its config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluatorSpec(StrategySpec):
+    strategy: str = "session_completed"
+    env: dict[str, str] = Field(default_factory=dict)
+    refresh_runtime: bool = Field(
+        False, description="Evaluate in a fresh runtime with the agent's diff applied."
+    )
+
+
+class BuilderSpec(StrategySpec):
+    strategy: str = "prefix_merging"
+
+
+class TaskRequest(BaseModel):
+    """One task, expanded into ``num_samples`` sessions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    instruction: str
+    num_samples: int = Field(1, ge=1)
+    timeout_seconds: float = Field(600.0, gt=0)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    callback_url: str | None = None
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="group_id, policy_version, rollout_step are lifted into trajectory metadata.",
+    )
+
+
+class SessionStatus(StrEnum):
+    REGISTERED = "REGISTERED"
+    INITIALIZING = "INITIALIZING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    POST_RUN = "POST_RUN"
+    BUILDING = "BUILDING"
+    EVALUATING = "EVALUATING"
+    COMPLETED = "COMPLETED"
+    ERROR = "ERROR"
+    TIMEOUT = "TIMEOUT"
+
+    @property
+    def finished(self) -> bool:
+        return self in (SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT)
+
+
+class SessionResult(BaseModel):
+    """What a gateway node reports for one session (the callback payload)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    task_id: str
+    status: SessionStatus
+    trajectory: Trajectory | None = None
+    reward: float | None = None
+    timing: dict[str, float] = Field(default_factory=dict, description="Seconds per stage.")
+    node_id: str | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    status: str
+    results: list[SessionResult] = Field(default_factory=list)
+    result_paths: list[str] = Field(default_factory=list)
