@@ -115,6 +115,7 @@ def test_claude_code_style_request_routes_by_x_api_key(live_gateway):
     assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
     assert events.count("content_block_start") == events.count("content_block_stop") >= 1
     [record] = live_gateway.records(session.key)
+    assert record.notes == ["stripped: x-anthropic-billing-header: cc_version=1; cch=abc"]
     assert record.upstream_request["messages"][0] == {
         "role": "system",
         "content": "You are Claude Code.\nExtra rules.",

@@ -38,3 +38,7 @@ class CaptureRecord(BaseModel):
     flags: list[str] = Field(default_factory=list)
     tags: list[str] = Field(default_factory=list, description="e.g. 'side_call:title'.")
     dropped_tools: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What the adapter dropped or changed (stripped header lines, ignored items).",
+    )

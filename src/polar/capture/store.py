@@ -60,7 +60,15 @@ CREATE INDEX IF NOT EXISTS completions_by_session ON completions (session_id, se
 """
 
 # Fields kept in the compressed ``body`` column rather than in columns of their own.
-_BODY_FIELDS = ("engine", "request", "upstream_request", "response", "sampling", "dropped_tools")
+_BODY_FIELDS = (
+    "engine",
+    "request",
+    "upstream_request",
+    "response",
+    "sampling",
+    "dropped_tools",
+    "notes",
+)
 _STOP = object()
 
 

@@ -194,6 +194,7 @@ class Proxy:
             flags=flags + result.tokens.flags,
             tags=list(normalized.extras.get("tags", [])),
             dropped_tools=normalized.dropped_tools,
+            notes=adapter_notes(normalized),
         )
 
     def _error(self, provider: Provider | None, err: GatewayError) -> Response:
@@ -213,6 +214,15 @@ def assistant_message(completion: Completion) -> dict[str, Any]:
             for c in completion.tool_calls
         ]
     return message
+
+
+def adapter_notes(normalized: NormalizedRequest) -> list[str]:
+    """What the adapter dropped or rewrote, in words, so the record says so."""
+    extras = normalized.extras
+    notes = [str(n) for n in extras.get("notes", [])]
+    notes += [f"stripped: {line}" for line in extras.get("stripped", [])]
+    notes += [f"ignored item: {item}" for item in extras.get("ignored_items", [])]
+    return notes
 
 
 def _loads(raw: bytes) -> Any:
