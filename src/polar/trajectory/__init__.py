@@ -1,1 +1,1 @@
-"""trajectory package."""
+"""Trajectory builders (per_request, prefix_merging) and trainer-ready exports."""

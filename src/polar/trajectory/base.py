@@ -1,0 +1,288 @@
+"""The builder interface: captured calls in, a Trajectory of trainer-ready traces out.
+
+A builder only decides how calls group into segments (one segment = one trace). Everything
+else is shared here so every builder treats side calls, aborted generations, policy versions,
+missing logprobs and bookkeeping the same way, and no captured call goes unaccounted for.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from polar.capture.records import CaptureRecord
+from polar.engines.types import FLAG_ABORTED
+from polar.errors import ConfigError
+from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
+from polar.trajectory.template_repair import RULES
+
+SIDE_CALL_TAG = "side_call:"
+ABORT_FINISH_REASON = "abort"
+
+# Why a chain continues in a new segment (keys of the trajectory's ``breaks`` counter).
+BREAK_PREFIX = "prefix_break"
+BREAK_NO_END_OF_TURN = "no_end_of_turn"
+BREAK_SPLIT_FAILURE = "split_failure"
+BREAK_RETRY = "retry"
+BREAK_PROMPT_IDS_MISSING = "prompt_ids_missing"
+
+UNTRAINABLE_ABORTED = "aborted"
+UNTRAINABLE_MULTI_VERSION = "multiple_policy_versions"
+
+
+class BuilderConfig(BaseModel):
+    """Options shared by the builders (``builder.config`` of a TaskRequest)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eot_token_id: int | None = Field(
+        default=None,
+        description="End-of-turn token; learned from the first naturally stopped call if unset.",
+    )
+    template_repair: list[str] = Field(
+        default_factory=list,
+        description="Opt-in template-glue repair rules (see docs/trajectories.md).",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="Tokenizer source the repair rules read their token ids from "
+        "(HF directory or GGUF file); the default SmolLM2 tokenizer when unset.",
+    )
+    side_calls: Literal["exclude", "separate"] = Field(
+        default="exclude",
+        description="Calls tagged 'side_call:*' (titles, memory, routing): left out, or one "
+        "trace each.",
+    )
+    aborted_trainable: bool = Field(
+        default=False, description="Whether traces holding an aborted generation keep their mask."
+    )
+    multi_version_trainable: bool = Field(
+        default=True,
+        description="Whether traces whose calls span several policy versions keep their mask.",
+    )
+
+    @field_validator("template_repair")
+    @classmethod
+    def _known_rules(cls, rules: list[str]) -> list[str]:
+        unknown = [r for r in rules if r not in RULES]
+        if unknown:
+            raise ValueError(
+                f"unknown template_repair rule(s) {unknown} (known: {', '.join(RULES)})"
+            )
+        return rules
+
+
+@dataclass
+class Segment:
+    """Calls merged into one trace; ``interstitials[i]`` precedes call i's sampled ids."""
+
+    records: list[CaptureRecord]
+    interstitials: list[list[int]]
+    chain_index: int = 0
+    segment_index: int = 0
+    break_reason: str | None = None
+    forked_from: str | None = None
+    side_call: str | None = None
+    drift_turns: int = 0
+    drift_tokens: int = 0
+    repaired_steps: int = 0
+    repaired_tokens: int = 0
+
+
+@dataclass
+class Grouping:
+    """A builder's answer: the segments in output order and any builder-level facts."""
+
+    segments: list[Segment]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Builder(ABC):
+    """Turns one session's captured calls into a :class:`Trajectory`."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: BuilderConfig | Mapping[str, Any] | None = None) -> None:
+        if config is None:
+            config = BuilderConfig()
+        elif not isinstance(config, BuilderConfig):
+            try:
+                config = BuilderConfig.model_validate(dict(config))
+            except ValueError as exc:
+                raise ConfigError(f"invalid builder config: {exc}") from exc
+        self.config: BuilderConfig = config
+
+    @abstractmethod
+    def group(self, calls: list[CaptureRecord]) -> Grouping:
+        """Group the session's agent calls (time order, side calls removed) into segments."""
+
+    def build(
+        self,
+        records: Sequence[CaptureRecord],
+        *,
+        status: TrajectoryStatus = TrajectoryStatus.COMPLETED,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        """The trajectory of one session; ``status`` says how the session ended."""
+        base_meta: dict[str, Any] = {"builder": self.name, **(metadata or {})}
+        if not records:
+            return Trajectory(
+                status=TrajectoryStatus.ERROR,
+                metadata={**base_meta, "num_calls": 0, "num_traces": 0},
+                error="no model calls were captured in this session: nothing to train on",
+            )
+        calls = sorted(records, key=lambda r: (r.seq, r.started_at))
+        agent = [r for r in calls if side_call_kind(r) is None]
+        side = [r for r in calls if side_call_kind(r) is not None]
+        grouping = self.group(agent) if agent else Grouping([])
+        segments = list(grouping.segments)
+        excluded: list[str] = []
+        if self.config.side_calls == "separate":
+            first = max((s.chain_index for s in segments), default=-1) + 1
+            segments += [
+                Segment([r], [[]], chain_index=first + i, side_call=side_call_kind(r))
+                for i, r in enumerate(side)
+            ]
+        else:
+            excluded = [r.completion_id for r in side]
+        traces = [self._trace(s) for s in segments]
+        in_traces = sum(len(s.records) for s in segments)
+        if in_traces + len(excluded) != len(calls):
+            raise AssertionError(
+                f"{self.name} accounted for {in_traces + len(excluded)} of {len(calls)} calls"
+            )
+        meta = {
+            **base_meta,
+            **grouping.metadata,
+            **_totals(segments, traces),
+            "num_calls": len(calls),
+            "calls_in_traces": in_traces,
+            "excluded_side_calls": excluded,
+        }
+        if not traces:
+            return Trajectory(
+                status=TrajectoryStatus.ERROR,
+                metadata=meta,
+                error=f"all {len(calls)} captured calls were side calls, excluded by config",
+            )
+        return Trajectory(status=status, traces=traces, metadata=meta)
+
+    def _trace(self, seg: Segment) -> Trace:
+        response: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] | None = []
+        for rec, inter in zip(seg.records, seg.interstitials, strict=True):
+            response += inter
+            mask += [0] * len(inter)
+            response += rec.sampled_ids
+            mask += [1] * len(rec.sampled_ids)
+            if logprobs is not None:
+                if rec.logprobs is None or len(rec.logprobs) != len(rec.sampled_ids):
+                    logprobs = None
+                else:
+                    logprobs += [0.0] * len(inter)
+                    logprobs += rec.logprobs
+        untrainable = self._untrainable_reasons(seg.records)
+        if untrainable:
+            mask = [0] * len(mask)
+        first, last = seg.records[0], seg.records[-1]
+        return Trace(
+            prompt_ids=list(first.prompt_ids),
+            response_ids=response,
+            loss_mask=mask,
+            response_logprobs=logprobs,
+            prompt_messages=list(first.upstream_request.get("messages") or []),
+            response_messages=_response_messages(seg.records),
+            tools=list(first.upstream_request.get("tools") or []),
+            finish_reason=last.finish_reason,
+            metadata=self._trace_metadata(seg, untrainable),
+        )
+
+    def _untrainable_reasons(self, records: list[CaptureRecord]) -> list[str]:
+        reasons = []
+        if not self.config.aborted_trainable and any(is_aborted(r) for r in records):
+            reasons.append(UNTRAINABLE_ABORTED)
+        if not self.config.multi_version_trainable and len(_versions(records)) > 1:
+            reasons.append(UNTRAINABLE_MULTI_VERSION)
+        return reasons
+
+    def _trace_metadata(self, seg: Segment, untrainable: list[str]) -> dict[str, Any]:
+        recs = seg.records
+        flags = sorted({f for r in recs for f in r.flags})
+        return {
+            "completion_ids": [r.completion_id for r in recs],
+            "num_calls": len(recs),
+            "chain_index": seg.chain_index,
+            "segment_index": seg.segment_index,
+            "break_reason": seg.break_reason,
+            "forked_from": seg.forked_from,
+            "side_call": seg.side_call,
+            "drift_turns": seg.drift_turns,
+            "drift_tokens": seg.drift_tokens,
+            "repaired_steps": seg.repaired_steps,
+            "repaired_tokens": seg.repaired_tokens,
+            "policy_versions": _versions(recs),
+            "aborted": any(is_aborted(r) for r in recs),
+            "trainable": not untrainable,
+            "untrainable_reasons": untrainable,
+            "sampled_tokens": sum(len(r.sampled_ids) for r in recs),
+            "flags": flags,
+        }
+
+
+def side_call_kind(record: CaptureRecord) -> str | None:
+    """The side-call kind of a call the gateway tagged ``side_call:<kind>``, else ``None``."""
+    for tag in record.tags:
+        if tag.startswith(SIDE_CALL_TAG):
+            return tag[len(SIDE_CALL_TAG) :] or "unknown"
+    return None
+
+
+def is_aborted(record: CaptureRecord) -> bool:
+    """Whether the engine cut this generation short (paused for a weight update)."""
+    return FLAG_ABORTED in record.flags or record.finish_reason == ABORT_FINISH_REASON
+
+
+def _versions(records: list[CaptureRecord]) -> list[int]:
+    return sorted({r.policy_version for r in records if r.policy_version is not None})
+
+
+def _response_messages(records: list[CaptureRecord]) -> list[dict[str, Any]]:
+    """The structured view of a merged response: each reply, then what the harness added.
+
+    A call's inserted messages are those after the previous call's messages and the
+    assistant turn that re-renders the previous reply.
+    """
+    out: list[dict[str, Any]] = []
+    previous: list[Any] | None = None
+    for rec in records:
+        messages = list(rec.upstream_request.get("messages") or [])
+        if previous is not None:
+            out += messages[len(previous) + 1 :]
+        out.append(rec.response)
+        previous = messages
+    return out
+
+
+def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
+    breaks = Counter(s.break_reason for s in segments if s.break_reason is not None)
+    merged = [s for s in segments if s.side_call is None]
+    return {
+        "num_traces": len(traces),
+        "num_chains": len({s.chain_index for s in segments}),
+        "breaks": dict(sorted(breaks.items())),
+        "drift_turns": sum(s.drift_turns for s in segments),
+        "drift_tokens": sum(s.drift_tokens for s in segments),
+        "repaired_steps": sum(s.repaired_steps for s in segments),
+        "repaired_tokens": sum(s.repaired_tokens for s in segments),
+        "side_call_traces": len(segments) - len(merged),
+        "completions_per_trace": (
+            sum(len(s.records) for s in merged) / len(merged) if merged else 0.0
+        ),
+        "untrainable_traces": sum(1 for t in traces if not t.metadata["trainable"]),
+    }

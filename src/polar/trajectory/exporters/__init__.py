@@ -1,0 +1,1 @@
+"""Trainer-ready exports of trajectories: one module per target format."""
