@@ -181,7 +181,7 @@ def _follow_up(
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(width=max(Console().width, 110))
     out = Path(args.out or tempfile.mkdtemp(prefix="polar-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     console.print(
