@@ -18,7 +18,9 @@ class GatewayError(PolarError):
     status: int = 500
     kind: str = "internal_error"
 
-    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None):
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ):
         super().__init__(message)
         self.message = message
         if status is not None:
@@ -98,3 +100,53 @@ class EngineTimeout(EngineError):
 
 class ConfigError(PolarError):
     """A configuration file or option is invalid; the message says which key and why."""
+
+
+class RuntimeStartError(PolarError):
+    """A runtime could not be started: a missing tool, a failed container start, a prepare step.
+
+    ``stderr_tail`` holds the end of the failing command's error output, the part a user needs.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: str | None = None,
+        exit_code: int | None = None,
+        stderr_tail: str = "",
+    ):
+        detail = f"{message}\n{stderr_tail}" if stderr_tail else message
+        super().__init__(detail)
+        self.message = message
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+
+
+class HarnessError(PolarError):
+    """A harness could not run or failed: missing CLI, bad settings, non-zero exit.
+
+    ``stderr_tail`` holds the end of the CLI's error output, so a session result says why.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        harness: str | None = None,
+        exit_code: int | None = None,
+        stdout_tail: str = "",
+        stderr_tail: str = "",
+    ):
+        detail = f"{message}\n{stderr_tail}" if stderr_tail else message
+        super().__init__(detail)
+        self.message = message
+        self.harness = harness
+        self.exit_code = exit_code
+        self.stdout_tail = stdout_tail
+        self.stderr_tail = stderr_tail
+
+
+class HarnessTimeout(HarnessError):
+    """The harness ran past its time budget and was killed (what it captured still counts)."""

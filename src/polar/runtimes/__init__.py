@@ -1,1 +1,1 @@
-"""runtimes package."""
+"""Where a harness runs: local, bubblewrap, docker, apptainer (see docs/runtimes.md)."""

@@ -1,0 +1,117 @@
+"""Rootless Apptainer, driven through the ``apptainer`` CLI: one ``apptainer exec`` per command.
+
+Each exec runs ``apptainer exec --containall --writable-tmpfs`` on ``spec.image`` (a ``.sif``
+file, a sandbox directory, or a ``docker://`` reference): its own PID and IPC namespaces, a
+clean environment, the image's filesystem with a throwaway writable layer, the session's
+workspace bound at ``spec.workdir`` and its home at ``/home/polar``. Like bubblewrap, processes
+end with their exec.
+
+``network="gateway"`` adds ``--net --network none`` (loopback only, allowed unprivileged) and
+wraps the command in the gateway forwarder, which runs on the image's ``python3`` (or
+``options.forwarder_python``). ``network="host"`` shares the host's network.
+
+Environment values travel as ``APPTAINERENV_<NAME>`` in the CLI's environment, which Apptainer
+injects past ``--cleanenv``, so they never appear on a command line. ``--cpus`` and
+``--memory`` are passed when the spec sets limits; rootless, Apptainer enforces them only where
+cgroups v2 is delegated to the user (systemd), and fails the exec otherwise.
+
+Options: ``apptainer`` (the binary), ``exec_args`` (extra ``apptainer exec`` arguments),
+``forwarder_python``, ``gateway_port``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from polar.errors import ConfigError, RuntimeStartError
+from polar.runtimes.base import Capabilities, Launch, Runtime, run_cli, tail_text
+from polar.runtimes.gateway_relay import (
+    DEFAULT_PORT_INSIDE,
+    FORWARDER_INSIDE,
+    FORWARDER_SOURCE,
+    RUN_INSIDE,
+    GatewayRelay,
+)
+from polar.schemas.task import RuntimeSpec
+
+ENV_PREFIX = "APPTAINERENV_"
+
+
+class ApptainerRuntime(Runtime):
+    name = "apptainer"
+
+    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
+        super().__init__(spec, session_dir, gateway_url)
+        if not self.spec.image:
+            raise ConfigError("the apptainer runtime needs runtime.image (.sif, dir, docker://)")
+        options = self.spec.options
+        self.apptainer = str(options.get("apptainer", "apptainer"))
+        self.exec_args = [str(arg) for arg in options.get("exec_args", [])]
+        self.forwarder_python = [
+            str(arg) for arg in options.get("forwarder_python", ["python3", "-I", "-S"])
+        ]
+        self.relay = (
+            GatewayRelay(
+                gateway_url,
+                self.run_path,
+                port_inside=int(options.get("gateway_port", DEFAULT_PORT_INSIDE)),
+            )
+            if self.spec.network == "gateway"
+            else None
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            filesystem_isolation=True,
+            network_isolation=self.relay is not None,
+            process_isolation=True,
+            resource_limits=self.requested_limits,
+        )
+
+    @property
+    def gateway_url_inside(self) -> str:
+        return self.relay.url_inside if self.relay else self.gateway_url
+
+    def exec_argv(self, argv: list[str], cwd: str) -> list[str]:
+        """The ``apptainer exec`` command line running ``argv`` in ``cwd``."""
+        args = [self.apptainer, "exec", "--containall", "--writable-tmpfs", "--pwd", cwd]
+        args += ["--home", f"{self.home_path}:{self.home}"]
+        args += ["--bind", f"{self.workspace_path}:{self.workdir}"]
+        if self.relay is not None:
+            args += ["--net", "--network", "none"]
+            args += ["--bind", f"{FORWARDER_SOURCE}:{FORWARDER_INSIDE}:ro"]
+            args += ["--bind", f"{self.relay.host_dir}:{RUN_INSIDE}"]
+            argv = self.relay.wrap(argv, self.forwarder_python)
+        if self.spec.cpus is not None:
+            args += ["--cpus", f"{self.spec.cpus:g}"]
+        if self.spec.memory_mb is not None:
+            args += ["--memory", f"{self.spec.memory_mb}M"]
+        return [*args, *self.exec_args, self.spec.image or "", *argv]
+
+    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
+        client_env = {
+            name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)
+        }
+        # HOME comes from --home; Apptainer refuses to take it from APPTAINERENV_HOME.
+        client_env.update(
+            {ENV_PREFIX + name: value for name, value in env.items() if name != "HOME"}
+        )
+        return Launch(self.exec_argv(argv, cwd), client_env)
+
+    async def _boot(self) -> None:
+        if shutil.which(self.apptainer) is None:
+            raise RuntimeStartError(f"the apptainer runtime needs the {self.apptainer!r} CLI")
+        code, _, err = await run_cli([self.apptainer, "--version"])
+        if code != 0:
+            raise RuntimeStartError(
+                "apptainer --version failed", exit_code=code, stderr_tail=tail_text(err)
+            )
+        if self.relay is not None:
+            await self.relay.start()
+
+    async def _shutdown(self) -> None:
+        if self.relay is not None:
+            await self.relay.stop()

@@ -1,0 +1,449 @@
+"""The interface every runtime implements: where a harness runs and how Polar drives it.
+
+A runtime owns one session directory on the host, laid out by :meth:`Runtime.start`::
+
+    session_dir/
+      workspace/   the task's working directory (``spec.workdir`` inside), writable
+      home/        HOME inside (:attr:`Runtime.home`), writable
+      logs/        prepare output
+      artifacts/   files a harness or evaluator wants kept
+      run/         runtime plumbing (the gateway relay's socket)
+
+Every runtime maps ``workspace/`` and ``home/`` into its sandbox, so the host can read the
+agent's work directly (evaluators diff it) and presets can write config files into ``home/``.
+
+Paths given to :meth:`exec`, :meth:`upload` and :meth:`download` are in the runtime's view:
+relative to the workdir, or absolute inside. String commands run through ``bash -lc``; every
+exec is its own process group (or sandbox), killed whole on timeout or cancel, and the output
+is captured up to a size cap, so an exec never hangs and never floods memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import secrets
+import shlex
+import shutil
+import signal
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import ClassVar
+
+from polar.errors import ConfigError, RuntimeStartError
+from polar.schemas.task import RuntimeSpec
+
+DEFAULT_OUTPUT_LIMIT = 1024 * 1024
+DEFAULT_PREPARE_TIMEOUT_S = 1800.0
+# After the main process exits, how long stragglers may keep the output pipes open.
+_READ_GRACE_S = 1.0
+_STDERR_TAIL = 4000
+CLI_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a runtime enforces, so callers can refuse a task that needs more."""
+
+    filesystem_isolation: bool
+    """The system is read-only and only the session's own directories are writable."""
+    network_isolation: bool
+    """With ``network="gateway"``, the gateway is the only address reachable from inside."""
+    process_isolation: bool
+    """Processes inside cannot see or signal the host's processes."""
+    resource_limits: frozenset[str] = frozenset()
+    """Which of ``cpus`` and ``memory`` are enforced."""
+    file_transfer: bool = True
+    """upload() and download() work."""
+    persistent_processes: bool = False
+    """Background processes outlive the exec that started them."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    """The process's exit status; negative N when killed by signal N (as in subprocess)."""
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class Launch:
+    """How the host starts one exec: the argv, its environment and its host-side cwd."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path | None = None
+
+
+@dataclass
+class _CappedOutput:
+    """Keeps the first and last halves of a stream up to ``limit`` bytes: the start of an
+    output and its final summary (where test runners print their verdicts) both survive."""
+
+    limit: int
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def feed(self, chunk: bytes) -> None:
+        half = max(self.limit // 2, 1)
+        self.total += len(chunk)
+        room = half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > 2 * half:
+            del self.tail[: len(self.tail) - half]
+
+    def text(self) -> str:
+        half = max(self.limit // 2, 1)
+        tail = bytes(self.tail[-half:])
+        dropped = self.total - len(self.head) - len(tail)
+        marker = f"\n[... {dropped} bytes elided ...]\n".encode() if dropped > 0 else b""
+        return (bytes(self.head) + marker + tail).decode("utf-8", "replace")
+
+
+async def _drain_into(stream: asyncio.StreamReader | None, out: _CappedOutput) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(64 * 1024):
+        out.feed(chunk)
+
+
+async def _feed_stdin(stream: asyncio.StreamWriter | None, data: bytes) -> None:
+    if stream is None:
+        return
+    try:
+        stream.write(data)
+        await stream.drain()
+        stream.close()
+    except OSError:
+        pass  # the process exited without reading all of its input
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> int:
+    """The exit status as soon as the main process ends.
+
+    ``Process.wait()`` also waits for the output pipes to close, which a background child that
+    inherited them can delay forever.
+    """
+    delay = 0.005
+    while proc.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return proc.returncode
+
+
+def _killpg(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_cli(argv: list[str], timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, str, str]:
+    """Run a container CLI command to completion; (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return -9, "", f"{argv[0]} {argv[1]} timed out after {timeout_s:g}s"
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def tail_text(text: str, limit: int = _STDERR_TAIL) -> str:
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class Runtime(ABC):
+    """One session's sandbox: start it, run commands in it, move files, stop it."""
+
+    name: ClassVar[str]
+    home_inside: ClassVar[str] = "/home/polar"
+
+    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
+        self.spec = spec
+        self.session_dir = Path(session_dir).absolute()
+        self.gateway_url = gateway_url
+        self.output_limit = int(spec.options.get("output_limit_bytes", DEFAULT_OUTPUT_LIMIT))
+        self.prepare_timeout_s = float(
+            spec.options.get("prepare_timeout_s", DEFAULT_PREPARE_TIMEOUT_S)
+        )
+        for rel in spec.files:
+            _check_relative(rel)
+        if spec.network not in ("gateway", "host"):
+            raise ConfigError(f"runtime.network must be gateway or host, got {spec.network!r}")
+        self._running: dict[str, asyncio.subprocess.Process] = {}
+        self._started = False
+        self._stopped = False
+
+    # -- the session directory on the host ---------------------------------------------------
+
+    @property
+    def workspace_path(self) -> Path:
+        return self.session_dir / "workspace"
+
+    @property
+    def home_path(self) -> Path:
+        return self.session_dir / "home"
+
+    @property
+    def logs_path(self) -> Path:
+        return self.session_dir / "logs"
+
+    @property
+    def artifacts_path(self) -> Path:
+        return self.session_dir / "artifacts"
+
+    @property
+    def run_path(self) -> Path:
+        return self.session_dir / "run"
+
+    # -- the runtime's view ------------------------------------------------------------------
+
+    @property
+    def workdir(self) -> str:
+        """The workspace as processes inside see it."""
+        return self.spec.workdir
+
+    @property
+    def home(self) -> str:
+        """HOME as processes inside see it."""
+        return self.home_inside
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def gateway_url_inside(self) -> str:
+        """The gateway URL a process inside must use."""
+        return self.gateway_url
+
+    @property
+    def requested_limits(self) -> frozenset[str]:
+        """Which of ``cpus`` and ``memory`` the spec asks for."""
+        wanted = (("cpus", self.spec.cpus), ("memory", self.spec.memory_mb))
+        return frozenset(name for name, value in wanted if value is not None)
+
+    @property
+    def running(self) -> bool:
+        return self._started and not self._stopped
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Lay out the session dir, write ``spec.files``, boot, and run ``spec.prepare``.
+
+        Raises :class:`RuntimeStartError` (after stopping what did start) on any failure.
+        """
+        if self._started:
+            return
+        self._started = True
+        try:
+            await asyncio.to_thread(self._lay_out)
+            await self._boot()
+            for command in self.spec.prepare:
+                await self._prepare(command)
+        except OSError as exc:
+            await self.stop()
+            raise RuntimeStartError(f"{self.name} runtime failed to start: {exc}") from exc
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Kill everything this runtime started and release it; safe to call twice.
+
+        The session directory stays: its owner decides what to keep.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.cancel()
+        await self._shutdown()
+
+    async def cancel(self) -> None:
+        """Kill the running execs now; each returns with the kill's exit status."""
+        for exec_id, proc in list(self._running.items()):
+            await self._kill(exec_id, proc)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run ``command`` inside (a string through ``bash -lc``, a list as argv)."""
+        if not self.running:
+            raise RuntimeStartError(f"{self.name} runtime is not running (start() first)")
+        full_env = {**self._base_env(), **self.spec.env, **(env or {})}
+        argv = self._shell_argv(command, full_env) if isinstance(command, str) else list(command)
+        exec_id = secrets.token_hex(8)
+        launch = self._launch(argv, full_env, self.inside_path(cwd or "."), exec_id)
+        return await self._run(launch, exec_id, timeout_s, stdin)
+
+    def inside_path(self, path: str) -> str:
+        """``path`` made absolute in the runtime's view (relative means under the workdir)."""
+        return posixpath.normpath(posixpath.join(self.workdir, path))
+
+    async def upload(self, local: Path, remote: str) -> None:
+        """Copy a host file or directory to ``remote`` inside."""
+        await asyncio.to_thread(_copy, Path(local), self.host_path(remote))
+
+    async def download(self, remote: str, local: Path) -> None:
+        """Copy ``remote`` (file or directory) from inside to the host path ``local``."""
+        await asyncio.to_thread(_copy, self.host_path(remote), Path(local))
+
+    def host_path(self, remote: str) -> Path:
+        """Where an inside path lives on the host; only the workspace and home are mapped."""
+        inside = PurePosixPath(self.inside_path(remote))
+        for root, host in ((self.workdir, self.workspace_path), (self.home, self.home_path)):
+            if inside == PurePosixPath(root) or PurePosixPath(root) in inside.parents:
+                return host.joinpath(*inside.relative_to(root).parts)
+        raise ValueError(
+            f"{remote!r} is outside the {self.name} runtime's workdir ({self.workdir}) and "
+            f"home ({self.home}); only those can be transferred"
+        )
+
+    # -- what each runtime provides ----------------------------------------------------------
+
+    @abstractmethod
+    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
+        """The host command that runs ``argv`` inside with ``env`` in ``cwd`` (inside view)."""
+
+    def _base_env(self) -> dict[str, str]:
+        """Variables every exec gets before ``spec.env`` and the exec's own."""
+        return {"HOME": self.home, "LANG": "C.UTF-8", "TERM": "dumb"}
+
+    async def _boot(self) -> None:  # noqa: B027 - runtimes without a daemon have nothing to boot
+        """Bring the sandbox up after the session dir is laid out."""
+
+    async def _shutdown(self) -> None:  # noqa: B027 - as above
+        """Release what :meth:`_boot` acquired."""
+
+    async def _kill(self, exec_id: str, proc: asyncio.subprocess.Process) -> None:
+        """Kill one exec entirely (default: its host process group)."""
+        _killpg(proc)
+
+    # -- shared machinery --------------------------------------------------------------------
+
+    def _shell_argv(self, command: str, env: dict[str, str]) -> list[str]:
+        # A login shell's /etc/profile resets PATH (Debian's does): put the exec's PATH back in
+        # front so spec.env and the runtime's defaults win over the image's profile.
+        if "PATH" in env:
+            command = f'export PATH={shlex.quote(env["PATH"])}:"$PATH"\n{command}'
+        return ["bash", "-lc", command]
+
+    def _lay_out(self) -> None:
+        for path in (
+            self.workspace_path,
+            self.home_path,
+            self.logs_path,
+            self.artifacts_path,
+            self.run_path,
+        ):
+            path.mkdir(parents=True, exist_ok=True)
+        for rel, content in self.spec.files.items():
+            target = self.workspace_path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+
+    async def _prepare(self, command: str) -> None:
+        result = await self.exec(command, timeout_s=self.prepare_timeout_s)
+        with (self.logs_path / "prepare.log").open("a") as log:
+            log.write(f"$ {command}\n{result.stdout}{result.stderr}[exit {result.exit_code}]\n")
+        if result.ok:
+            return
+        what = (
+            f"timed out after {self.prepare_timeout_s:g}s"
+            if result.timed_out
+            else f"exited with {result.exit_code}"
+        )
+        raise RuntimeStartError(
+            f"prepare step {command!r} {what}",
+            command=command,
+            exit_code=result.exit_code,
+            stderr_tail=tail_text(result.stderr or result.stdout),
+        )
+
+    async def _run(
+        self, launch: Launch, exec_id: str, timeout_s: float | None, stdin: bytes | None
+    ) -> ExecResult:
+        began = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *launch.argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=launch.env,
+                cwd=launch.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            code = 126 if isinstance(exc, PermissionError) else 127
+            return ExecResult(code, "", f"{launch.argv[0]}: {exc}", time.monotonic() - began, False)
+        self._running[exec_id] = proc
+        out, err = _CappedOutput(self.output_limit), _CappedOutput(self.output_limit)
+        readers = asyncio.gather(_drain_into(proc.stdout, out), _drain_into(proc.stderr, err))
+        feeder = asyncio.ensure_future(_feed_stdin(proc.stdin, stdin or b""))
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await _exited(proc)
+            except TimeoutError:
+                timed_out = True
+                await self._kill(exec_id, proc)
+            code = await _exited(proc)
+            # The main process is gone: end what it left in its group so the pipes close.
+            _killpg(proc)
+            await asyncio.wait([readers], timeout=_READ_GRACE_S)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill(exec_id, proc))
+            raise
+        finally:
+            readers.cancel()
+            feeder.cancel()
+            self._running.pop(exec_id, None)
+        return ExecResult(code, out.text(), err.text(), time.monotonic() - began, timed_out)
+
+
+def _check_relative(rel: str) -> None:
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ConfigError(f"runtime.files key {rel!r} must be a relative path inside the workdir")
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if not src.exists():
+        raise FileNotFoundError(f"{src} does not exist")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)

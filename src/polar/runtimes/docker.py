@@ -1,0 +1,192 @@
+"""Docker, driven through the ``docker`` CLI: one long-lived container per session.
+
+``start`` runs the container detached with the session's workspace mounted at ``spec.workdir``
+and its home at ``/home/polar``; each exec is a ``docker exec`` into it, so background processes
+persist between execs; ``stop`` removes the container (``docker rm -f``). CPU and memory limits
+are Docker's own (``--cpus``, ``--memory``, cgroup-enforced).
+
+``network="gateway"`` runs the container with ``--network none`` (loopback only); its main
+process is the gateway forwarder (``python3`` from the image, or ``options.forwarder_python``),
+which listens on ``127.0.0.1:gateway_port`` and pipes to the relay's unix socket mounted from
+the session dir. ``network="host"`` uses ``--network host`` and the gateway URL as is.
+
+Exec environment values travel in the docker client's environment (``-e NAME`` without a
+value), never on its command line. Each exec is tagged with ``POLAR_EXEC_ID`` so a timeout or
+cancel can kill exactly its processes inside the container, not only the client.
+
+Options: ``docker`` (the binary), ``run_args`` (extra ``docker run`` arguments, e.g.
+``["--user", "1000"]``), ``forwarder_python``, ``gateway_port``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from polar.errors import ConfigError, RuntimeStartError
+from polar.runtimes.base import Capabilities, Launch, Runtime, run_cli, tail_text
+from polar.runtimes.gateway_relay import (
+    DEFAULT_PORT_INSIDE,
+    FORWARDER_INSIDE,
+    FORWARDER_SOURCE,
+    RUN_INSIDE,
+    GatewayRelay,
+)
+from polar.schemas.task import RuntimeSpec
+
+EXEC_ID_VAR = "POLAR_EXEC_ID"
+# Kills every process whose environment carries one of the given exec ids ($@).
+_KILL_TAGGED = (
+    'for d in /proc/[0-9]*; do for id in "$@"; do '
+    f'if tr "\\000" "\\n" < "$d/environ" 2>/dev/null | grep -qx "{EXEC_ID_VAR}=$id"; then '
+    'kill -9 "${d#/proc/}" 2>/dev/null; fi; done; done'
+)
+
+
+class DockerRuntime(Runtime):
+    name = "docker"
+
+    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
+        super().__init__(spec, session_dir, gateway_url)
+        if not self.spec.image:
+            raise ConfigError("the docker runtime needs runtime.image")
+        options = self.spec.options
+        self.docker = str(options.get("docker", "docker"))
+        self.run_args = [str(arg) for arg in options.get("run_args", [])]
+        self.forwarder_python = [
+            str(arg) for arg in options.get("forwarder_python", ["python3", "-I", "-S"])
+        ]
+        slug = re.sub(r"[^a-zA-Z0-9_.-]", "-", self.session_dir.name)[:40]
+        self.container = f"polar-{slug}-{secrets.token_hex(4)}"
+        self.relay = (
+            GatewayRelay(
+                gateway_url,
+                self.run_path,
+                port_inside=int(options.get("gateway_port", DEFAULT_PORT_INSIDE)),
+            )
+            if self.spec.network == "gateway"
+            else None
+        )
+        self._created = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            filesystem_isolation=True,
+            network_isolation=self.relay is not None,
+            process_isolation=True,
+            resource_limits=self.requested_limits,
+            persistent_processes=True,
+        )
+
+    @property
+    def gateway_url_inside(self) -> str:
+        return self.relay.url_inside if self.relay else self.gateway_url
+
+    # -- command lines (pure, unit-tested) ---------------------------------------------------
+
+    def run_argv(self) -> list[str]:
+        """``docker run``: detached, named, labelled, limited, with the session mounts."""
+        argv = [self.docker, "run", "-d", "--name", self.container]
+        argv += ["--label", f"polar.session={self.session_dir.name}"]
+        argv += ["--network", "none" if self.relay else "host"]
+        if self.spec.cpus is not None:
+            argv += ["--cpus", f"{self.spec.cpus:g}"]
+        if self.spec.memory_mb is not None:
+            argv += ["--memory", f"{self.spec.memory_mb}m"]
+        argv += ["-v", f"{self.workspace_path}:{self.workdir}"]
+        argv += ["-v", f"{self.home_path}:{self.home}"]
+        if self.relay is not None:
+            argv += ["-v", f"{FORWARDER_SOURCE}:{FORWARDER_INSIDE}:ro"]
+            argv += ["-v", f"{self.relay.host_dir}:{RUN_INSIDE}"]
+        argv += ["-w", self.workdir, *self.run_args]
+        main = (
+            self.relay.forwarder_argv(self.forwarder_python)
+            if self.relay
+            else ["sleep", "infinity"]
+        )
+        return [*argv, "--entrypoint", main[0], self.spec.image or "", *main[1:]]
+
+    def exec_argv(self, argv: list[str], env_names: list[str], cwd: str) -> list[str]:
+        """``docker exec``: values of ``env_names`` come from the client's environment."""
+        names = [EXEC_ID_VAR, *(name for name in env_names if name != EXEC_ID_VAR)]
+        env_args = [arg for name in names for arg in ("-e", name)]
+        return [self.docker, "exec", "-i", "-w", cwd, *env_args, self.container, *argv]
+
+    def kill_argv(self, exec_ids: list[str]) -> list[str]:
+        return [self.docker, "exec", self.container, "sh", "-c", _KILL_TAGGED, "sh", *exec_ids]
+
+    def cp_argv(self, src: str, dst: str) -> list[str]:
+        return [self.docker, "cp", src, dst]
+
+    def rm_argv(self) -> list[str]:
+        return [self.docker, "rm", "-f", self.container]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
+        client_env = {**os.environ, **env, EXEC_ID_VAR: exec_id}
+        # The client must keep reading its own config even when the exec overrides HOME.
+        client_env["DOCKER_CONFIG"] = os.environ.get("DOCKER_CONFIG", str(Path.home() / ".docker"))
+        return Launch(self.exec_argv(argv, sorted(env), cwd), client_env)
+
+    async def _boot(self) -> None:
+        if shutil.which(self.docker) is None:
+            raise RuntimeStartError(f"the docker runtime needs the {self.docker!r} CLI")
+        if self.relay is not None:
+            await self.relay.start()
+        code, _, err = await run_cli(self.run_argv())
+        if code != 0:
+            raise RuntimeStartError(
+                f"docker run of {self.spec.image!r} failed (exit {code})",
+                command=" ".join(self.run_argv()),
+                exit_code=code,
+                stderr_tail=tail_text(err),
+            )
+        self._created = True
+
+    async def _shutdown(self) -> None:
+        if self._created:
+            await run_cli(self.rm_argv())
+            self._created = False
+        if self.relay is not None:
+            await self.relay.stop()
+
+    async def _kill(self, exec_id: str, proc: asyncio.subprocess.Process) -> None:
+        await super()._kill(exec_id, proc)
+        await run_cli(self.kill_argv([exec_id]), timeout_s=30)
+
+    # -- file transfer -----------------------------------------------------------------------
+
+    async def upload(self, local: Path, remote: str) -> None:
+        """Mounted paths are copied on the host; anything else goes through ``docker cp``."""
+        try:
+            self.host_path(remote)
+        except ValueError:
+            target = self.inside_path(remote)
+            await self.exec(["mkdir", "-p", os.path.dirname(target)])
+            src = f"{local}/." if Path(local).is_dir() else str(local)
+            await self._cp(src, f"{self.container}:{target}")
+            return
+        await super().upload(local, remote)
+
+    async def download(self, remote: str, local: Path) -> None:
+        try:
+            self.host_path(remote)
+        except ValueError:
+            source = self.inside_path(remote)
+            if (await self.exec(["test", "-d", source])).ok:
+                source += "/."
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            await self._cp(f"{self.container}:{source}", str(local))
+            return
+        await super().download(remote, local)
+
+    async def _cp(self, src: str, dst: str) -> None:
+        code, _, err = await run_cli(self.cp_argv(src, dst))
+        if code != 0:
+            raise FileNotFoundError(f"docker cp {src} {dst} failed: {err.strip()}")

@@ -1,0 +1,202 @@
+"""Docker: the exact command lines, the exec flow through a stand-in CLI, and a live run when
+a Docker engine and a local image are available."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from polar.errors import ConfigError, RuntimeStartError
+from polar.runtimes.docker import EXEC_ID_VAR, DockerRuntime
+from polar.runtimes.gateway_relay import FORWARDER_SOURCE
+from polar.schemas.task import RuntimeSpec
+
+# Plays the docker CLI on the host: logs each argv, runs exec'd commands locally with only the
+# variables named by -e (as docker does), answers run/rm/cp.
+FAKE_DOCKER = """#!{python}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+if args[0] == "run":
+    if os.environ.get("FAKE_DOCKER_FAIL"):
+        sys.exit("docker: Cannot connect to the Docker daemon at unix:///var/run/docker.sock.")
+    print("0123456789ab")
+elif args[0] == "exec":
+    rest, env = args[1:], {{"PATH": os.environ["PATH"]}}
+    while rest[0].startswith("-"):
+        flag = rest.pop(0)
+        if flag in ("-w", "-e"):
+            value = rest.pop(0)
+            if flag == "-e":
+                env[value] = os.environ[value]
+    sys.exit(subprocess.call(rest[1:], env=env))
+"""
+
+
+def make(tmp_path: Path, **spec: object) -> DockerRuntime:
+    spec.setdefault("image", "python:3.12-slim")
+    return DockerRuntime(
+        RuntimeSpec(kind="docker", **spec), tmp_path / "sess", "http://127.0.0.1:8000/gw"
+    )
+
+
+def test_run_command_line(tmp_path: Path):
+    rt = make(tmp_path, cpus=2, memory_mb=2048, options={"run_args": ["--user", "1000"]})
+    assert rt.container.startswith("polar-sess-")
+    assert rt.run_argv() == [
+        "docker", "run", "-d", "--name", rt.container,
+        "--label", "polar.session=sess",
+        "--network", "none",
+        "--cpus", "2", "--memory", "2048m",
+        "-v", f"{rt.workspace_path}:/workspace",
+        "-v", f"{rt.home_path}:/home/polar",
+        "-v", f"{FORWARDER_SOURCE}:/.polar/forwarder.py:ro",
+        "-v", f"{rt.run_path}:/.polar/run",
+        "-w", "/workspace", "--user", "1000",
+        "--entrypoint", "python3", "python:3.12-slim",
+        "-I", "-S", "/.polar/forwarder.py", "--tcp", "127.0.0.1:18080",
+        "--unix", "/.polar/run/gateway.sock",
+    ]  # fmt: skip
+    assert rt.gateway_url_inside == "http://127.0.0.1:18080/gw"
+    assert rt.capabilities.persistent_processes and rt.capabilities.resource_limits == {
+        "cpus",
+        "memory",
+    }
+
+
+def test_host_network_runs_sleep(tmp_path: Path):
+    rt = make(tmp_path, network="host", workdir="/src")
+    argv = rt.run_argv()
+    assert argv[argv.index("--network") + 1] == "host"
+    assert argv[-3:] == ["sleep", "python:3.12-slim", "infinity"]
+    assert argv[argv.index("--entrypoint") + 1] == "sleep"
+    assert f"{rt.workspace_path}:/src" in argv
+    assert rt.gateway_url_inside == "http://127.0.0.1:8000/gw"
+
+
+def test_exec_kill_cp_rm_command_lines(tmp_path: Path):
+    rt = make(tmp_path)
+    assert rt.exec_argv(["ls", "-l"], ["HOME", "TOKEN"], "/workspace/a") == [
+        "docker", "exec", "-i", "-w", "/workspace/a",
+        "-e", EXEC_ID_VAR, "-e", "HOME", "-e", "TOKEN",
+        rt.container, "ls", "-l",
+    ]  # fmt: skip
+    kill = rt.kill_argv(["abc"])
+    assert kill[:5] == ["docker", "exec", rt.container, "sh", "-c"] and kill[-2:] == ["sh", "abc"]
+    assert rt.cp_argv("/x", f"{rt.container}:/y") == ["docker", "cp", "/x", f"{rt.container}:/y"]
+    assert rt.rm_argv() == ["docker", "rm", "-f", rt.container]
+
+
+def test_env_values_stay_off_the_command_line(tmp_path: Path):
+    rt = make(tmp_path, env={"TOKEN": "s3cret"})
+    launch = rt._launch(["env"], {"TOKEN": "s3cret", "HOME": "/home/polar"}, "/workspace", "e1")
+    assert "s3cret" not in " ".join(launch.argv)
+    assert launch.env["TOKEN"] == "s3cret" and launch.env[EXEC_ID_VAR] == "e1"
+    assert launch.env["DOCKER_CONFIG"]  # the client keeps its own config despite HOME
+
+
+def test_an_image_is_required(tmp_path: Path):
+    with pytest.raises(ConfigError, match="image"):
+        DockerRuntime(RuntimeSpec(kind="docker"), tmp_path, "http://127.0.0.1:1")
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    script = tmp_path / "docker"
+    script.write_text(FAKE_DOCKER.format(python=sys.executable))
+    script.chmod(0o755)
+    log = tmp_path / "docker.log"
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
+    return script
+
+
+def logged(tmp_path: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (tmp_path / "docker.log").read_text().splitlines()]
+
+
+async def test_exec_flow_through_the_cli(tmp_path: Path, fake_docker: Path):
+    rt = make(
+        tmp_path, network="host", env={"TOKEN": "s3cret"}, options={"docker": str(fake_docker)}
+    )
+    await rt.start()
+    try:
+        result = await rt.exec("echo token=$TOKEN home=$HOME")
+        assert result.stdout.strip() == "token=s3cret home=/home/polar"
+        began = time.monotonic()
+        slow = await rt.exec(["sleep", "30"], timeout_s=0.5)
+        assert slow.timed_out and time.monotonic() - began < 10
+    finally:
+        await rt.stop()
+    calls = logged(tmp_path)
+    assert calls[0] == rt.run_argv()[1:]
+    assert all("s3cret" not in " ".join(call) for call in calls)
+    kills = [call for call in calls if call[:4] == ["exec", rt.container, "sh", "-c"]]
+    assert len(kills) == 1  # the timed-out exec was killed inside by its tag
+    assert calls[-1] == ["rm", "-f", rt.container]
+
+
+async def test_the_kill_script_ends_tagged_processes_only(tmp_path: Path, fake_docker: Path):
+    rt = make(tmp_path, network="host", options={"docker": str(fake_docker)})
+    await rt.start()
+    tagged = subprocess.Popen(["sleep", "30"], env={**os.environ, EXEC_ID_VAR: "victim"})
+    bystander = subprocess.Popen(["sleep", "30"], env={**os.environ, EXEC_ID_VAR: "bystander"})
+    try:
+        proc = await asyncio.create_subprocess_exec(*rt.kill_argv(["victim"]))
+        assert await proc.wait() == 0
+        assert tagged.wait(timeout=5) == -9
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        await rt.stop()
+
+
+async def test_failed_run_raises_with_the_cli_error(tmp_path, fake_docker, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_FAIL", "1")
+    rt = make(tmp_path, network="host", options={"docker": str(fake_docker)})
+    with pytest.raises(RuntimeStartError, match="Cannot connect to the Docker daemon"):
+        await rt.start()
+    assert not any(call[0] == "rm" for call in logged(tmp_path))
+
+
+def _docker_ready(image: str) -> str | None:
+    """Why a live Docker test cannot run here, or None when it can."""
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker CLI unusable: {exc}"
+    if info.returncode != 0:
+        return "no Docker engine is running (docker info failed)"
+    inspect = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
+    if inspect.returncode != 0:
+        return f"image {image} is not present locally (tests do not pull)"
+    return None
+
+
+@pytest.mark.slow
+async def test_live_docker(tmp_path: Path, gateway_url: str, other_server_url: str):
+    image = os.environ.get("POLAR_TEST_DOCKER_IMAGE", "python:3.12-slim")
+    if reason := _docker_ready(image):
+        pytest.skip(reason)
+    rt = DockerRuntime(
+        RuntimeSpec(kind="docker", image=image, files={"a": "1"}), tmp_path / "s", gateway_url
+    )
+    await rt.start()
+    try:
+        fetch = f"import urllib.request as u; print(u.urlopen('{rt.gateway_url_inside}/x').read().decode())"
+        assert (await rt.exec(["python3", "-c", fetch])).stdout.strip() == "gateway /gw/x"
+        other = await rt.exec(
+            ["python3", "-c", f"import urllib.request as u; u.urlopen('{other_server_url}')"]
+        )
+        assert other.exit_code != 0
+        assert (await rt.exec("cat a; touch /usr/x")).stdout == "1"
+    finally:
+        await rt.stop()
