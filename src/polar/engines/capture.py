@@ -114,11 +114,20 @@ def _tokens(body: dict[str, Any], choice: dict[str, Any], usage_completion: int)
     if usage_completion and usage_completion != len(sampled):
         flags.append(FLAG_USAGE_MISMATCH)
     return TokenCapture(
-        prompt_ids=[int(t) for t in prompt or []],
-        sampled_ids=[int(t) for t in sampled],
+        prompt_ids=_ids(prompt or []),
+        sampled_ids=_ids(sampled),
         logprobs=logprobs,
         flags=flags,
     )
+
+
+def _ids(values: list[Any]) -> list[int]:
+    """Token ids as ints; JSON already gives ints, so long prompts skip the per-item copy."""
+    if isinstance(values, list) and (
+        not values or (type(values[0]) is int and type(values[-1]) is int)
+    ):
+        return values
+    return [int(t) for t in values]
 
 
 def _id_from_token_string(token: Any) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, ClassVar
 
 import httpx
@@ -10,6 +9,7 @@ import orjson
 
 from polar.engines.base import Engine
 from polar.engines.capture import capture_from_response
+from polar.engines.http import AiohttpEngineHTTP, EngineHTTP, HttpxEngineHTTP, RawReply
 from polar.engines.types import EngineResult
 from polar.errors import (
     EngineError,
@@ -25,7 +25,8 @@ from polar.providers.types import NormalizedRequest
 class OpenAICompatEngine(Engine):
     """Calls ``/v1/chat/completions`` without streaming, asking for token ids and logprobs.
 
-    ``timeout_s`` bounds each call as a whole (httpx's own timeouts are per read).
+    ``timeout_s`` bounds each call as a whole. ``transport`` (an httpx transport, e.g.
+    ``httpx.ASGITransport``) calls an in-process engine instead of a server.
     """
 
     name: ClassVar[str] = "openai_compat"
@@ -48,13 +49,11 @@ class OpenAICompatEngine(Engine):
         self.base_url = base_url.rstrip("/")
         self.extra_body = dict(extra_body or {})
         self.timeout_s = timeout_s
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=256),
-        )
+        self._http: EngineHTTP
+        if transport is not None:
+            self._http = HttpxEngineHTTP(self.base_url, headers, timeout_s, transport)
+        else:
+            self._http = AiohttpEngineHTTP(self.base_url, headers, timeout_s, max_connections)
 
     def build_body(self, request: NormalizedRequest) -> dict[str, Any]:
         body = request.chat_body()
@@ -92,25 +91,14 @@ class OpenAICompatEngine(Engine):
         return int(count)
 
     async def health(self) -> bool:
-        try:
-            response = await self._client.get("/health")
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        return await self._http.get_status("/health") == 200
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = await asyncio.wait_for(
-                self._client.post(path, content=orjson.dumps(body)), self.timeout_s
-            )
-        except (httpx.TimeoutException, TimeoutError) as exc:
-            raise EngineTimeout(f"engine at {self.base_url} timed out: {exc!r}") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"engine at {self.base_url} is unreachable: {exc!r}") from exc
-        if response.status_code >= 400:
+        response = await self._http.post(path, orjson.dumps(body))
+        if response.status >= 400:
             raise _engine_error(response)
         try:
             reply = orjson.loads(response.content)
@@ -123,11 +111,11 @@ class OpenAICompatEngine(Engine):
         return reply
 
 
-def _engine_error(response: httpx.Response) -> GatewayError:
+def _engine_error(response: RawReply) -> GatewayError:
     """Turn an engine's HTTP error into a typed error that keeps the engine's own message."""
-    message = response.text[:2000]
+    message = response.content[:2000].decode("utf-8", "replace")
     try:
-        payload = response.json()
+        payload = orjson.loads(response.content)
         err = payload.get("error") if isinstance(payload, dict) else None
         if isinstance(err, dict) and err.get("message"):
             message = str(err["message"])
@@ -135,11 +123,11 @@ def _engine_error(response: httpx.Response) -> GatewayError:
             message = str(payload["message"])
         elif isinstance(payload, dict) and isinstance(payload.get("detail"), str):
             message = payload["detail"]
-    except ValueError:
+    except orjson.JSONDecodeError:
         pass
-    text = f"engine refused the request (HTTP {response.status_code}): {message}"
+    text = f"engine refused the request (HTTP {response.status}): {message}"
     retry_after = _retry_after(response)
-    status = response.status_code
+    status = response.status
     if status == 429:
         return RateLimited(text, retry_after=retry_after)
     if status == 503:
@@ -151,7 +139,7 @@ def _engine_error(response: httpx.Response) -> GatewayError:
     return EngineError(text)
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: RawReply) -> float | None:
     value = response.headers.get("retry-after")
     try:
         return float(value) if value else None
