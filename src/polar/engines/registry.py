@@ -47,6 +47,15 @@ def _http(cls: type[VLLMEngine] | type[SGLangEngine]) -> Any:
     return build
 
 
+def _embedded(config: EngineConfig, transport: httpx.AsyncBaseTransport | None = None) -> Engine:
+    # Imported here: loading torch and transformers costs seconds that HTTP engines never need.
+    from polar.engines.embedded.client import EmbeddedEngine
+
+    return EmbeddedEngine.from_options(
+        config.options, timeout_s=config.timeout_s, extra_body=config.extra_body
+    )
+
+
 def _scripted(config: EngineConfig, transport: httpx.AsyncBaseTransport | None = None) -> Engine:
     return ScriptedEngine.from_options(config.options, timeout_s=config.timeout_s)
 
@@ -55,6 +64,7 @@ ENGINES: Registry[Engine] = Registry("engine")
 ENGINES.add("vllm", _http(VLLMEngine))
 ENGINES.add("sglang", _http(SGLangEngine))
 ENGINES.add("scripted", _scripted)
+ENGINES.add("embedded", _embedded)
 
 
 def create_engine(config: EngineConfig) -> Engine:

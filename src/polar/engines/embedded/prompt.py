@@ -1,0 +1,94 @@
+"""Chat messages to the prompt ids the model sees.
+
+Rendering follows vLLM: the chat template renders text, which is then tokenized without
+adding special tokens, so the embedded engine's prompt ids equal vLLM's for the same request.
+Templates without tool support get tools and past tool calls rendered as Hermes-style text by
+:mod:`polar.engines.tool_text`; templates with tool support receive them natively.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from polar.engines.tool_text import (
+    flatten_content,
+    messages_for_plain_template,
+    template_supports_tools,
+)
+from polar.errors import InvalidRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class RenderedPrompt:
+    text: str
+    ids: list[int]
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+) -> RenderedPrompt:
+    """The exact prompt the model sees for ``messages`` (and ``tools``)."""
+    from jinja2 import TemplateError
+
+    validate_messages(messages)
+    if template_supports_tools(tokenizer.chat_template):
+        conversation, template_tools = _for_tool_template(messages), tools or None
+    else:
+        conversation, template_tools = messages_for_plain_template(messages, tools), None
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation,
+            tools=template_tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+    except TemplateError as exc:
+        raise InvalidRequest(f"the chat template rejected these messages: {exc}") from exc
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return RenderedPrompt(text, list(ids))
+
+
+def validate_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object")
+        if msg.get("role") not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        for j, call in enumerate(msg.get("tool_calls") or []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise InvalidRequest(f"messages[{i}].tool_calls[{j}].function.name is required")
+
+
+def _for_tool_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """String content and dict arguments, the shape tool-aware HF templates expect."""
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        msg["content"] = flatten_content(msg.get("content"))
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [_with_dict_arguments(call) for call in msg["tool_calls"]]
+        if "reasoning" in msg and "reasoning_content" not in msg:
+            msg["reasoning_content"] = msg["reasoning"]
+        out.append(msg)
+    return out
+
+
+def _with_dict_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            function["arguments"] = json.loads(arguments) if arguments else {}
+    return {**call, "function": function}
