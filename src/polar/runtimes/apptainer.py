@@ -26,20 +26,19 @@ import shutil
 from pathlib import Path
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import Capabilities, Launch, Runtime, run_cli, tail_text
+from polar.runtimes.base import Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
-    DEFAULT_PORT_INSIDE,
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
     RUN_INSIDE,
-    GatewayRelay,
 )
+from polar.runtimes.sandboxed import SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 ENV_PREFIX = "APPTAINERENV_"
 
 
-class ApptainerRuntime(Runtime):
+class ApptainerRuntime(SandboxedRuntime):
     name = "apptainer"
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
@@ -49,31 +48,7 @@ class ApptainerRuntime(Runtime):
         options = self.spec.options
         self.apptainer = str(options.get("apptainer", "apptainer"))
         self.exec_args = [str(arg) for arg in options.get("exec_args", [])]
-        self.forwarder_python = [
-            str(arg) for arg in options.get("forwarder_python", ["python3", "-I", "-S"])
-        ]
-        self.relay = (
-            GatewayRelay(
-                gateway_url,
-                self.run_path,
-                port_inside=int(options.get("gateway_port", DEFAULT_PORT_INSIDE)),
-            )
-            if self.spec.network == "gateway"
-            else None
-        )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            filesystem_isolation=True,
-            network_isolation=self.relay is not None,
-            process_isolation=True,
-            resource_limits=self.requested_limits,
-        )
-
-    @property
-    def gateway_url_inside(self) -> str:
-        return self.relay.url_inside if self.relay else self.gateway_url
+        self.forwarder_python = self.forwarder_python_option()
 
     def exec_argv(self, argv: list[str], cwd: str) -> list[str]:
         """The ``apptainer exec`` command line running ``argv`` in ``cwd``."""

@@ -28,15 +28,14 @@ import sys
 from pathlib import Path
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import Capabilities, Launch, Runtime, tail_text
+from polar.runtimes.base import Launch, tail_text
 from polar.runtimes.gateway_relay import (
-    DEFAULT_PORT_INSIDE,
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
     RUN_INSIDE,
-    GatewayRelay,
 )
 from polar.runtimes.limits import limit_prefix, limit_tools
+from polar.runtimes.sandboxed import SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -59,7 +58,7 @@ def _covered(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-class BubblewrapRuntime(Runtime):
+class BubblewrapRuntime(SandboxedRuntime):
     name = "bubblewrap"
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
@@ -73,28 +72,6 @@ class BubblewrapRuntime(Runtime):
         self.bwrap = str(options.get("bwrap", "bwrap"))
         self.host_python = bool(options.get("host_python", True))
         self.ro_binds = [str(item) for item in options.get("ro_binds", [])]
-        self.relay = (
-            GatewayRelay(
-                gateway_url,
-                self.run_path,
-                port_inside=int(options.get("gateway_port", DEFAULT_PORT_INSIDE)),
-            )
-            if self.spec.network == "gateway"
-            else None
-        )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            filesystem_isolation=True,
-            network_isolation=self.relay is not None,
-            process_isolation=True,
-            resource_limits=self.requested_limits,
-        )
-
-    @property
-    def gateway_url_inside(self) -> str:
-        return self.relay.url_inside if self.relay else self.gateway_url
 
     @property
     def python_inside(self) -> list[str]:

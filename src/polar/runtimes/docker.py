@@ -25,17 +25,17 @@ import os
 import re
 import secrets
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import Capabilities, Launch, Runtime, run_cli, tail_text
+from polar.runtimes.base import Capabilities, Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
-    DEFAULT_PORT_INSIDE,
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
     RUN_INSIDE,
-    GatewayRelay,
 )
+from polar.runtimes.sandboxed import SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 EXEC_ID_VAR = "POLAR_EXEC_ID"
@@ -47,7 +47,7 @@ _KILL_TAGGED = (
 )
 
 
-class DockerRuntime(Runtime):
+class DockerRuntime(SandboxedRuntime):
     name = "docker"
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
@@ -57,35 +57,14 @@ class DockerRuntime(Runtime):
         options = self.spec.options
         self.docker = str(options.get("docker", "docker"))
         self.run_args = [str(arg) for arg in options.get("run_args", [])]
-        self.forwarder_python = [
-            str(arg) for arg in options.get("forwarder_python", ["python3", "-I", "-S"])
-        ]
+        self.forwarder_python = self.forwarder_python_option()
         slug = re.sub(r"[^a-zA-Z0-9_.-]", "-", self.session_dir.name)[:40]
         self.container = f"polar-{slug}-{secrets.token_hex(4)}"
-        self.relay = (
-            GatewayRelay(
-                gateway_url,
-                self.run_path,
-                port_inside=int(options.get("gateway_port", DEFAULT_PORT_INSIDE)),
-            )
-            if self.spec.network == "gateway"
-            else None
-        )
         self._created = False
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            filesystem_isolation=True,
-            network_isolation=self.relay is not None,
-            process_isolation=True,
-            resource_limits=self.requested_limits,
-            persistent_processes=True,
-        )
-
-    @property
-    def gateway_url_inside(self) -> str:
-        return self.relay.url_inside if self.relay else self.gateway_url
+        return replace(super().capabilities, persistent_processes=True)
 
     # -- command lines (pure, unit-tested) ---------------------------------------------------
 
