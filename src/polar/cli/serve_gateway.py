@@ -8,8 +8,10 @@ from typing import Any
 import uvicorn
 
 from polar.engines.registry import EngineConfig
+from polar.errors import ConfigError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.rollout.config import Topology
 
 
 def add_parser(sub: Any) -> None:
@@ -19,6 +21,8 @@ def add_parser(sub: Any) -> None:
         description="Point any harness at this gateway; every call is captured token-faithfully.",
     )
     p.add_argument("--config", help="gateway YAML (see docs/configuration.md)")
+    p.add_argument("--topology", help="topology YAML (see docs/rollout.md); needs --node")
+    p.add_argument("--node", help="this node's id in the topology")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8100)")
     p.add_argument("--engine", help="engine kind: vllm, sglang, scripted, or module:Class")
@@ -31,7 +35,14 @@ def add_parser(sub: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> GatewayConfig:
-    config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig()
+    if args.topology or args.node:
+        if not (args.topology and args.node):
+            raise ConfigError("--topology and --node go together")
+        if args.config:
+            raise ConfigError("give either --config or --topology/--node, not both")
+        config = Topology.from_yaml(args.topology).gateway_config(args.node)
+    else:
+        config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig()
     updates: dict[str, Any] = {}
     for name in ("host", "port", "served_model", "capture_db", "admin_token"):
         value = getattr(args, name)

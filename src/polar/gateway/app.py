@@ -39,7 +39,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        node = app.state.node
+        if node is not None:
+            await node.start()
         yield
+        if node is not None:
+            await node.stop()
         await engine.aclose()
         store.close()
 
@@ -51,6 +56,12 @@ def create_app(
     app.state.gate = gate
     app.state.proxy = proxy
     app.include_router(admin.router)
+    app.state.node = None
+    if config.node is not None:
+        # Only a rollout node loads the runtime / harness / evaluator stack.
+        from polar.gateway.node_api import attach_lifecycle
+
+        app.state.node = attach_lifecycle(app, config.node)
 
     @app.get("/health", tags=["admin"])
     async def health() -> dict[str, str]:

@@ -30,6 +30,29 @@ class SamplingPolicy(BaseModel):
     )
 
 
+class NodeConfig(BaseModel):
+    """Session lifecycle of a gateway node: worker counts per stage and its rollout server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field("node-0", min_length=1)
+    init_workers: int = Field(2, ge=1, description="Sessions starting a runtime at once.")
+    run_workers: int = Field(4, ge=1, description="Harnesses running at once (run slots).")
+    postrun_workers: int = Field(2, ge=1, description="Build/evaluate/teardown at once.")
+    ready_buffer: int = Field(
+        4,
+        ge=0,
+        description="Runtimes prepared ahead of a run slot (in INIT or READY); 0: INIT inline.",
+    )
+    queue_limit: int = Field(256, ge=1, description="Unfinished sessions accepted before 429.")
+    work_dir: Path = Field(Path("polar-sessions"), description="Per-session directories.")
+    rollout_url: str | None = Field(None, description="Register, heartbeat and report here.")
+    rollout_token: str | None = Field(None, description="The rollout server's admin token.")
+    heartbeat_s: float = Field(2.0, gt=0)
+    report_backoff_max_s: float = Field(10.0, gt=0, description="Result delivery backoff cap.")
+    keep_finished: int = Field(4096, ge=0, description="Finished sessions kept for GET.")
+
+
 class GatewayConfig(BaseModel):
     """Everything a gateway node needs to proxy and capture."""
 
@@ -54,6 +77,9 @@ class GatewayConfig(BaseModel):
     auto_register: bool = Field(False, description="Accept unknown keys as new sessions.")
     admin_token: str | None = Field(None, description="Required on admin routes when set.")
     policy_version: int = 0
+    node: NodeConfig | None = Field(
+        None, description="Run the session lifecycle (a rollout node) beside the proxy."
+    )
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -13,10 +13,23 @@ class BackgroundServer:
     """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``)."""
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        loop: str = "auto",
     ):
+        # loop="asyncio": several servers in one process may then start subprocesses (uvloop
+        # refuses to from two loops at once).
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            loop=loop,
         )
         self.server = uvicorn.Server(config)
         self.host = host

@@ -1,0 +1,229 @@
+"""``polar serve-rollout``, ``polar submit`` and ``polar status``: the rollout service's CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from polar.errors import ConfigError
+from polar.rollout.app import create_rollout_app
+from polar.rollout.config import Topology
+from polar.schemas.task import TaskRequest
+
+DEFAULT_URL = "http://127.0.0.1:8200"
+_FINAL = ("COMPLETED", "ERROR", "TIMEOUT")
+
+
+def add_parser(sub: Any) -> None:
+    serve = sub.add_parser(
+        "serve-rollout",
+        help="run the rollout server (tasks in, sessions over gateway nodes, results out)",
+    )
+    serve.add_argument("--config", help="topology YAML (see docs/rollout.md)")
+    serve.add_argument("--host", help="bind address (default from the topology)")
+    serve.add_argument("--port", type=int, help="port (default from the topology, 8200)")
+    serve.add_argument("--data-dir", help="where task state and results are kept")
+    serve.set_defaults(func=serve_rollout)
+
+    submit = sub.add_parser("submit", help="submit a TaskRequest YAML to the rollout server")
+    submit.add_argument("task", help="TaskRequest YAML (or JSON) file")
+    _client_args(submit)
+    submit.add_argument("--wait", action="store_true", help="show progress until it completes")
+    submit.add_argument("--timeout", type=float, default=0, help="give up waiting after N s")
+    submit.set_defaults(func=submit_task)
+
+    status = sub.add_parser("status", help="nodes, tasks and progress of the rollout server")
+    status.add_argument("task_id", nargs="?", help="show this task's sessions")
+    _client_args(status)
+    status.set_defaults(func=show_status)
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url", default=os.environ.get("POLAR_ROLLOUT_URL", DEFAULT_URL), help="rollout server"
+    )
+    p.add_argument(
+        "--token", default=os.environ.get("POLAR_ROLLOUT_TOKEN"), help="rollout admin token"
+    )
+
+
+def serve_rollout(args: argparse.Namespace) -> int:
+    topology = Topology.from_yaml(args.config) if args.config else Topology()
+    updates = {
+        name: value
+        for name, value in (("host", args.host), ("port", args.port), ("data_dir", args.data_dir))
+        if value is not None
+    }
+    if updates:
+        rollout = topology.rollout.model_copy(update=updates)
+        topology = topology.model_copy(update={"rollout": rollout})
+    config = topology.rollout
+    nodes = ", ".join(n.id for n in topology.nodes) or "none yet (nodes register themselves)"
+    print(f"Polar rollout server on {config.base_url()} (nodes: {nodes}; data: {config.data_dir})")
+    uvicorn.run(
+        create_rollout_app(topology),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+    )
+    return 0
+
+
+def load_task(path: str | Path) -> TaskRequest:
+    """A TaskRequest from YAML (JSON is YAML too), with the field that is wrong named."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+        return TaskRequest.model_validate(data)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read task {path}: {exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"invalid task {path}:\n{exc}") from exc
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
+    return httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=30)
+
+
+def _check(reply: httpx.Response) -> Any:
+    if reply.is_error:
+        try:
+            detail = reply.json().get("detail", reply.text)
+        except ValueError:
+            detail = reply.text
+        raise ConfigError(f"rollout server answered HTTP {reply.status_code}: {detail}")
+    return reply.json()
+
+
+def submit_task(args: argparse.Namespace) -> int:
+    task = load_task(args.task)
+    console = Console()
+    with _client(args) as client:
+        try:
+            summary = _check(
+                client.post(
+                    "/tasks",
+                    content=task.model_dump_json(exclude_unset=True),
+                    headers={"content-type": "application/json"},
+                )
+            )
+        except httpx.HTTPError as exc:
+            raise ConfigError(f"cannot reach the rollout server at {args.url}: {exc}") from exc
+        console.print(
+            f"submitted [bold]{summary['task_id']}[/bold]: {summary['num_samples']} sessions"
+        )
+        if not args.wait:
+            return 0
+        result = _follow(client, console, task, args.timeout)
+    if result is None:
+        console.print("[yellow]stopped waiting; the task is still running[/yellow]")
+        return 1
+    _print_results(console, result)
+    return 0 if all(r["status"] == "COMPLETED" for r in result["results"]) else 1
+
+
+def _follow(
+    client: httpx.Client, console: Console, task: TaskRequest, timeout: float
+) -> dict[str, Any] | None:
+    """Poll the task with a progress bar; the finished task, or None on timeout."""
+    deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task(task.task_id, total=task.num_samples, detail="")
+        while time.monotonic() < deadline:
+            summaries = _check(client.get("/tasks"))
+            summary = next((s for s in summaries if s["task_id"] == task.task_id), None)
+            if summary is not None:
+                counts = summary["counts"]
+                done = sum(counts.get(s, 0) for s in _FINAL)
+                detail = " ".join(f"{k.lower()}={v}" for k, v in sorted(counts.items()))
+                progress.update(bar, completed=done, detail=detail)
+                if summary["status"] == "COMPLETED":
+                    return dict(_check(client.get(f"/tasks/{task.task_id}")))
+            time.sleep(0.5)
+    return None
+
+
+def _print_results(console: Console, result: dict[str, Any]) -> None:
+    table = Table(title=f"task {result['task_id']}")
+    for column in ("session", "status", "reward", "node", "seconds", "error"):
+        table.add_column(column)
+    for r in result["results"]:
+        table.add_row(
+            r["session_id"][:14] + "…",
+            r["status"],
+            "" if r["reward"] is None else f"{r['reward']:g}",
+            r.get("node_id") or "",
+            f"{r['timing'].get('total', 0):.1f}",
+            (r.get("error") or "")[:60],
+        )
+    console.print(table)
+    for path in result["result_paths"]:
+        console.print(f"results: {path}")
+
+
+def show_status(args: argparse.Namespace) -> int:
+    console = Console()
+    with _client(args) as client:
+        try:
+            status = _check(client.get("/status"))
+        except httpx.HTTPError as exc:
+            raise ConfigError(f"cannot reach the rollout server at {args.url}: {exc}") from exc
+        tasks = _check(client.get("/tasks"))
+        sessions = _check(client.get(f"/tasks/{args.task_id}/sessions")) if args.task_id else []
+    nodes = Table(title="nodes")
+    for column in ("node", "health", "capacity", "queued", "init", "ready", "running", "postrun"):
+        nodes.add_column(column)
+    for n in status["nodes"]:
+        health = "dead" if n["dead"] else "healthy" if n["healthy"] else "silent"
+        if n["draining"]:
+            health += ", draining"
+        st = n["stages"]
+        nodes.add_row(
+            n["node_id"],
+            health,
+            str(n["capacity"]),
+            *(str(st.get(k, 0)) for k in ("queued", "initializing", "ready", "running")),
+            str(st.get("postrun", 0) + st.get("postrun_queued", 0)),
+        )
+    console.print(nodes)
+    table = Table(title="tasks")
+    for column in ("task", "status", "samples", "sessions"):
+        table.add_column(column)
+    for t in tasks:
+        counts = " ".join(f"{k.lower()}={v}" for k, v in sorted(t["counts"].items()))
+        table.add_row(t["task_id"], t["status"], str(t["num_samples"]), counts)
+    console.print(table)
+    if sessions:
+        detail = Table(title=f"sessions of {args.task_id}")
+        for column in ("#", "session", "status", "node", "reward", "callback"):
+            detail.add_column(column)
+        for s in sessions:
+            detail.add_row(
+                str(s["sample_index"]),
+                s["session_id"],
+                s["status"],
+                s["node_id"] or "",
+                "" if s["reward"] is None else f"{s['reward']:g}",
+                s["callback"],
+            )
+        console.print(detail)
+    return 0

@@ -1,0 +1,476 @@
+"""A gateway node's session lifecycle: isolated worker pools joined by queues.
+
+::
+
+    dispatch ─▶ [init queue] ─▶ INIT workers ─▶ [READY buffer, bounded] ─▶ RUN workers
+                                                                            │
+                 result ◀─ POSTRUN workers (build, evaluate, teardown) ◀─ [postrun queue]
+
+Each pool has its own worker count, so CPU-heavy preparation (starting sandboxes, prepare steps)
+happens while run slots are busy, and a prepared runtime is waiting the moment a slot frees. A
+READY slot is taken when INIT starts and given back when a run worker takes the session, so at
+most ``ready_buffer`` runtimes are being prepared or waiting prepared. With ``ready_buffer: 0``
+there is no buffer: a run worker does INIT itself (the baseline the benchmark compares against).
+
+One time budget per session starts when INIT starts. What each stage does lives in
+:mod:`polar.gateway.session_work`; this module only moves sessions between stages, keeps their
+status and timings, enforces the budget, and cancels. Every stage runs as its own asyncio task,
+so cancelling a session (or its budget running out) never disturbs the worker that runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from polar.gateway.config import NodeConfig
+from polar.rollout.protocol import (
+    NodeSessionInfo,
+    NodeStatus,
+    SessionDispatch,
+    StageCounts,
+    Workers,
+)
+from polar.schemas.task import SessionResult, SessionStatus
+
+log = logging.getLogger("polar.gateway.lifecycle")
+
+CANCELLED = "cancelled"
+
+
+class SessionWork(Protocol):
+    """The stage bodies for one session (see :mod:`polar.gateway.session_work`)."""
+
+    async def init(self) -> None:
+        """Start the runtime and run the prepare steps."""
+
+    async def run(self, budget_s: float) -> None:
+        """Run the harness within ``budget_s`` seconds; raise if it failed."""
+
+    async def postrun(self, outcome: RunOutcome) -> SessionResult:
+        """Build the trajectory, evaluate, tear down."""
+
+    async def abort(self) -> None:
+        """Release whatever was started (the runtime), quickly; safe to call at any point."""
+
+
+WorkFactory = Callable[["NodeSession"], SessionWork]
+
+# Where a session can wait or work; the names are the fields of StageCounts.
+QUEUED = "queued"
+INITIALIZING = "initializing"
+READY = "ready"
+RUNNING = "running"
+POSTRUN_QUEUED = "postrun_queued"
+POSTRUN = "postrun"
+
+# The SessionResult.timing key each place's seconds are booked to.
+_TIMING_KEY = {
+    QUEUED: "queued",
+    INITIALIZING: "init",
+    READY: "ready_wait",
+    RUNNING: "run",
+    POSTRUN_QUEUED: "postrun_wait",
+    POSTRUN: "postrun",
+}
+
+
+@dataclass
+class RunOutcome:
+    """How the session left the run path; POSTRUN may still turn COMPLETED into ERROR."""
+
+    status: SessionStatus = SessionStatus.COMPLETED
+    error: str | None = None
+    reached_run: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class NodeSession:
+    """One dispatched session as this node tracks it."""
+
+    dispatch: SessionDispatch
+    node_id: str
+    status: SessionStatus = SessionStatus.REGISTERED
+    place: str = QUEUED
+    accepted_at: float = field(default_factory=time.monotonic)
+    stage_started_at: float = field(default_factory=time.time)
+    deadline: float | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    outcome: RunOutcome = field(default_factory=RunOutcome)
+    result: SessionResult | None = None
+    work: SessionWork | None = None
+    stage_task: asyncio.Task[Any] | None = None
+    closing: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    _since: float = field(default_factory=time.monotonic)
+
+    @property
+    def session_id(self) -> str:
+        return self.dispatch.session_id
+
+    @property
+    def task_id(self) -> str:
+        return self.dispatch.task.task_id
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    @property
+    def skip(self) -> bool:
+        """Finished, or being finished outside the pools (cancelled while queued)."""
+        return self.closing or self.finished
+
+    def move(self, place: str, status: SessionStatus) -> None:
+        """Go to ``place``; the seconds spent in the previous place are booked to its timing."""
+        self._book()
+        self.place = place
+        self.set_status(status)
+
+    def set_status(self, status: SessionStatus) -> None:
+        """A finer status within the same place (BUILDING, EVALUATING during post-run)."""
+        self.status = status
+        self.stage_started_at = time.time()
+
+    def _book(self) -> None:
+        now = time.monotonic()
+        key = _TIMING_KEY[self.place]
+        self.timing[key] = round(self.timing.get(key, 0.0) + now - self._since, 6)
+        self._since = now
+
+    def remaining(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def info(self) -> NodeSessionInfo:
+        return NodeSessionInfo(
+            session_id=self.session_id,
+            task_id=self.task_id,
+            node_id=self.node_id,
+            status=self.status,
+            stage_started_at=self.stage_started_at,
+            timing=dict(self.timing),
+            cancelled=self.outcome.cancelled,
+            error=self.result.error if self.result else self.outcome.error,
+        )
+
+
+class NodeFull(Exception):
+    """The node holds ``queue_limit`` unfinished sessions (HTTP 429)."""
+
+
+class NodeDraining(Exception):
+    """The node is draining and accepts no new sessions (HTTP 503)."""
+
+
+class AlreadyRan(Exception):
+    """The session id was used on this node before (a previous run of the node): never rerun."""
+
+
+class Lifecycle:
+    """The pools of one node. ``on_finished`` receives every final SessionResult once."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        work_factory: WorkFactory,
+        *,
+        on_finished: Callable[[SessionResult], Awaitable[None]] | None = None,
+        known_ids: set[str] | None = None,
+        node_url: str = "",
+    ) -> None:
+        self.config = config
+        self.node_url = node_url
+        self.work_factory = work_factory
+        self.on_finished = on_finished
+        self.draining = False
+        self.finished_count = 0
+        self._known_ids = set(known_ids or ())
+        self._sessions: OrderedDict[str, NodeSession] = OrderedDict()
+        self._active: dict[str, NodeSession] = {}
+        self._init_q: asyncio.Queue[NodeSession] = asyncio.Queue()
+        self._ready_q: asyncio.Queue[NodeSession] = asyncio.Queue()
+        # A slot is taken before INIT and given back when a run worker takes the session, so
+        # at most ``ready_buffer`` runtimes are being prepared or waiting prepared.
+        self._ready_slots = asyncio.Semaphore(max(config.ready_buffer, 1))
+        self._post_q: asyncio.Queue[NodeSession] = asyncio.Queue()
+        self._workers: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+
+    # -- start / stop --------------------------------------------------------------------
+
+    def start(self) -> None:
+        c = self.config
+        pools: list[tuple[str, Callable[[], Coroutine[Any, Any, None]], int]]
+        if c.ready_buffer > 0:
+            pools = [
+                ("init", self._init_worker, c.init_workers),
+                ("run", self._run_worker, c.run_workers),
+            ]
+        else:
+            pools = [("run", self._inline_run_worker, c.run_workers)]
+        pools.append(("postrun", self._postrun_worker, c.postrun_workers))
+        for name, loop, count in pools:
+            for i in range(count):
+                self._workers.append(asyncio.create_task(loop(), name=f"{name}-worker-{i}"))
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Cancel every unfinished session (its runtime is stopped), then the workers."""
+        active = list(self._active.values())
+        for session in active:
+            self.cancel(session.session_id)
+        if active:
+            waiters = [asyncio.ensure_future(s.done.wait()) for s in active]
+            await asyncio.wait(waiters, timeout=grace_s)
+            for waiter in waiters:
+                waiter.cancel()
+        tasks = self._workers + list(self._side_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the node API ----------------------------------------------------------------------
+
+    def dispatch(self, dispatch: SessionDispatch) -> tuple[NodeSession, bool]:
+        """Accept a session; a repeat of a known id returns it as it is (``created=False``)."""
+        existing = self._sessions.get(dispatch.session_id)
+        if existing is not None:
+            return existing, False
+        self.check_admission(dispatch.session_id)
+        session = NodeSession(dispatch=dispatch, node_id=self.config.node_id)
+        session.work = self.work_factory(session)
+        self._known_ids.add(session.session_id)
+        self._sessions[session.session_id] = session
+        self._active[session.session_id] = session
+        self._init_q.put_nowait(session)
+        return session, True
+
+    def check_admission(self, session_id: str) -> None:
+        """Raise AlreadyRan, NodeDraining or NodeFull if a new ``session_id`` cannot start."""
+        if session_id in self._known_ids:
+            raise AlreadyRan(session_id)
+        if self.draining:
+            raise NodeDraining(self.config.node_id)
+        if len(self._active) >= self.config.queue_limit:
+            raise NodeFull(self.config.node_id)
+
+    def get(self, session_id: str) -> NodeSession | None:
+        return self._sessions.get(session_id)
+
+    def sessions(self) -> list[NodeSession]:
+        return list(self._sessions.values())
+
+    def cancel(self, session_id: str) -> NodeSession | None:
+        """Stop a session at whatever stage it is in; it finishes as ERROR ("cancelled")."""
+        session = self._sessions.get(session_id)
+        if session is None or session.finished or session.outcome.cancelled:
+            return session
+        session.outcome.cancelled = True
+        session.outcome.status = SessionStatus.ERROR
+        session.outcome.error = CANCELLED
+        if session.stage_task is not None and not session.stage_task.done():
+            session.stage_task.cancel()
+        elif session.place in (QUEUED, READY, POSTRUN_QUEUED):
+            # Waiting in a queue: finish now; the worker that dequeues it skips it.
+            session.closing = True
+            self._spawn(self._finish_cancelled(session))
+        return session
+
+    def drain(self) -> None:
+        self.draining = True
+
+    def counts(self) -> StageCounts:
+        counts = StageCounts()
+        for session in self._active.values():
+            setattr(counts, session.place, getattr(counts, session.place) + 1)
+        return counts
+
+    def status(self, *, paused: bool = False, policy_version: int = 0) -> NodeStatus:
+        c = self.config
+        return NodeStatus(
+            node_id=c.node_id,
+            url=self.node_url,
+            draining=self.draining,
+            paused=paused,
+            policy_version=policy_version,
+            workers=Workers(
+                init=c.init_workers,
+                run=c.run_workers,
+                postrun=c.postrun_workers,
+                ready_buffer=c.ready_buffer,
+                queue_limit=c.queue_limit,
+            ),
+            stages=self.counts(),
+            finished=self.finished_count,
+        )
+
+    async def wait(self, session_id: str) -> SessionResult:
+        session = self._sessions[session_id]
+        await session.done.wait()
+        assert session.result is not None
+        return session.result
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def _init_worker(self) -> None:
+        while True:
+            await self._ready_slots.acquire()
+            session = await self._init_q.get()
+            if not session.skip and await self._init(session):
+                session.move(READY, SessionStatus.READY)
+                self._ready_q.put_nowait(session)
+            else:
+                self._ready_slots.release()
+
+    async def _run_worker(self) -> None:
+        while True:
+            session = await self._ready_q.get()
+            self._ready_slots.release()
+            if not session.skip:
+                await self._run(session)
+
+    async def _inline_run_worker(self) -> None:
+        """No READY buffer: INIT runs on the run slot, then the harness."""
+        while True:
+            session = await self._init_q.get()
+            if not session.skip and await self._init(session):
+                await self._run(session)
+
+    async def _postrun_worker(self) -> None:
+        while True:
+            session = await self._post_q.get()
+            if session.skip:
+                continue
+            session.move(POSTRUN, SessionStatus.POST_RUN)
+            work = session.work
+            assert work is not None
+            result = await self._stage(session, work.postrun(session.outcome), budget_s=None)
+            if not isinstance(result, SessionResult):
+                with contextlib.suppress(Exception):
+                    await work.abort()
+                if not session.outcome.cancelled:
+                    session.outcome.status = SessionStatus.ERROR
+                    session.outcome.error = f"post-run failed: {result!r}"
+                result = self._bare_result(session)
+            await self._finish(session, result)
+
+    # -- stages ----------------------------------------------------------------------------
+
+    async def _init(self, session: NodeSession) -> bool:
+        """INIT, with the session's budget starting now; False sends it to post-run."""
+        session.deadline = time.monotonic() + session.dispatch.task.timeout_seconds
+        session.move(INITIALIZING, SessionStatus.INITIALIZING)
+        work = session.work
+        assert work is not None
+        failure = await self._stage(session, work.init(), budget_s=session.remaining())
+        if failure is None and not session.outcome.cancelled:
+            return True
+        self._fail(session, failure, stage="init")
+        self._to_postrun(session)
+        return False
+
+    async def _run(self, session: NodeSession) -> None:
+        work = session.work
+        assert work is not None
+        budget = session.remaining()
+        if budget <= 0:
+            session.outcome.status = SessionStatus.TIMEOUT
+            session.outcome.error = "the session budget ran out before a run slot was free"
+            self._to_postrun(session)
+            return
+        session.move(RUNNING, SessionStatus.RUNNING)
+        session.outcome.reached_run = True
+        failure = await self._stage(session, work.run(budget), budget_s=budget)
+        if failure is not None:
+            self._fail(session, failure, stage="run")
+        self._to_postrun(session)
+
+    async def _stage(
+        self, session: NodeSession, body: Coroutine[Any, Any, Any], budget_s: float | None
+    ) -> Any:
+        """Run one stage body as its own task. Returns its value, or (not raised) the
+        TimeoutError, CancelledError or exception that ended it."""
+        task = asyncio.create_task(body)
+        session.stage_task = task
+        try:
+            done, _ = await asyncio.wait({task}, timeout=budget_s)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task})
+                return TimeoutError()
+            if task.cancelled():
+                return asyncio.CancelledError()
+            exc = task.exception()
+            return exc if exc is not None else task.result()
+        finally:
+            session.stage_task = None
+
+    def _fail(self, session: NodeSession, failure: Any, stage: str) -> None:
+        outcome = session.outcome
+        if outcome.cancelled:
+            return
+        if isinstance(failure, TimeoutError):
+            outcome.status = SessionStatus.TIMEOUT
+            budget = session.dispatch.task.timeout_seconds
+            outcome.error = f"the session budget of {budget:g}s ran out during {stage}"
+        else:
+            outcome.status = SessionStatus.ERROR
+            outcome.error = f"{stage} failed: {failure}"
+
+    def _to_postrun(self, session: NodeSession) -> None:
+        session.move(POSTRUN_QUEUED, SessionStatus.POST_RUN)
+        self._post_q.put_nowait(session)
+
+    # -- finishing -------------------------------------------------------------------------
+
+    async def _finish_cancelled(self, session: NodeSession) -> None:
+        if session.work is not None:
+            with contextlib.suppress(Exception):
+                await session.work.abort()
+        await self._finish(session, self._bare_result(session))
+
+    def _bare_result(self, session: NodeSession) -> SessionResult:
+        return SessionResult(
+            session_id=session.session_id,
+            task_id=session.task_id,
+            status=session.outcome.status,
+            node_id=session.node_id,
+            error=session.outcome.error,
+            metadata={"sample_index": session.dispatch.sample_index},
+        )
+
+    async def _finish(self, session: NodeSession, result: SessionResult) -> None:
+        if session.finished:
+            return
+        session._book()
+        session.timing["total"] = round(time.monotonic() - session.accepted_at, 6)
+        result = result.model_copy(update={"timing": {**session.timing, **result.timing}})
+        session.result = result
+        session.set_status(result.status)
+        self._active.pop(session.session_id, None)
+        self.finished_count += 1
+        session.done.set()
+        self._evict()
+        if self.on_finished is not None:
+            try:
+                await self.on_finished(result)
+            except Exception:
+                log.exception("handing on the result of %s failed", session.session_id)
+
+    def _evict(self) -> None:
+        extra = len(self._sessions) - len(self._active) - self.config.keep_finished
+        if extra <= 0:
+            return
+        for sid in [sid for sid, s in self._sessions.items() if s.finished][:extra]:
+            del self._sessions[sid]
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)

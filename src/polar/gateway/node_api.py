@@ -1,0 +1,170 @@
+"""The node API a rollout server drives: dispatch, inspect, cancel and drain sessions.
+
+Dispatch is idempotent by session id: a repeat (the server retrying after a lost acknowledgement)
+returns the session as it stands and never starts it twice. A session id this node saw in an
+earlier life (its capture store knows it) is refused with 409 for the same reason. All routes
+need the gateway's admin token when one is configured.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+
+from polar.gateway.admin import require_admin
+from polar.gateway.config import NodeConfig
+from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFull
+from polar.gateway.node_client import NodeClient
+from polar.gateway.session_work import NodeContext, RolloutWork, register_session
+from polar.rollout.protocol import NodeSessionInfo, NodeStatus, SessionDispatch
+from polar.schemas.task import SessionResult, SessionStatus
+
+
+class NodeSessionDetail(NodeSessionInfo):
+    """A session with its result once finished."""
+
+    result: SessionResult | None = None
+
+
+class GatewayNode:
+    """The lifecycle, its rollout-server client, and the wiring between them and the gateway."""
+
+    def __init__(self, app: FastAPI, config: NodeConfig) -> None:
+        state = app.state
+        self.config = config
+        self.state = state
+        self.ctx = NodeContext(
+            gateway=state.config,
+            node=config,
+            store=state.store,
+            sessions=state.sessions,
+            policy_version=lambda: int(state.proxy.policy_version),
+        )
+        self.lifecycle = Lifecycle(
+            config,
+            lambda session: RolloutWork(session, self.ctx),
+            on_finished=self._on_finished,
+            known_ids=set(state.store.session_ids()),
+            node_url=state.config.base_url(),
+        )
+        self.client = (
+            NodeClient(config, self.status, self._session_statuses) if config.rollout_url else None
+        )
+
+    async def start(self) -> None:
+        # The URL may only be known now (port 0 resolved at bind time).
+        self.lifecycle.node_url = self.state.config.base_url()
+        self.lifecycle.start()
+        if self.client is not None:
+            self.client.start()
+
+    async def stop(self) -> None:
+        await self.lifecycle.stop()
+        if self.client is not None:
+            await self.client.stop()
+
+    def status(self) -> NodeStatus:
+        return self.lifecycle.status(
+            paused=self.state.gate.paused, policy_version=int(self.state.proxy.policy_version)
+        )
+
+    def _session_statuses(self) -> dict[str, SessionStatus]:
+        return {s.session_id: s.status for s in self.lifecycle.sessions() if not s.finished}
+
+    async def _on_finished(self, result: SessionResult) -> None:
+        if self.client is not None:
+            await self.client.deliver(result)
+
+
+def _node(request: Request) -> GatewayNode:
+    node: GatewayNode | None = request.app.state.node
+    if node is None:
+        raise HTTPException(status_code=404, detail="this gateway runs no session lifecycle")
+    return node
+
+
+router = APIRouter(prefix="/polar/node", dependencies=[Depends(require_admin)], tags=["node"])
+
+
+@router.post(
+    "/sessions",
+    status_code=201,
+    responses={200: {"description": "Already dispatched"}, 409: {}, 429: {}, 503: {}},
+)
+async def dispatch_session(
+    request: Request, response: Response, dispatch: SessionDispatch
+) -> NodeSessionInfo:
+    """Start a session (201), or return it unchanged if this id was dispatched before (200)."""
+    node = _node(request)
+    lifecycle = node.lifecycle
+    if lifecycle.get(dispatch.session_id) is None:
+        try:
+            lifecycle.check_admission(dispatch.session_id)
+        except (AlreadyRan, NodeDraining, NodeFull) as exc:
+            raise _refusal(exc) from exc
+        metadata = {
+            "task_id": dispatch.task.task_id,
+            "sample_index": dispatch.sample_index,
+            "node_id": node.config.node_id,
+        }
+        await register_session(node.ctx, dispatch.session_id, metadata)
+    try:
+        session, created = lifecycle.dispatch(dispatch)
+    except (AlreadyRan, NodeDraining, NodeFull) as exc:
+        if lifecycle.get(dispatch.session_id) is None:
+            node.ctx.sessions.remove(dispatch.session_id)
+        raise _refusal(exc) from exc
+    response.status_code = 201 if created else 200
+    return session.info()
+
+
+def _refusal(exc: Exception) -> HTTPException:
+    if isinstance(exc, AlreadyRan):
+        return HTTPException(
+            status_code=409, detail=f"session {exc} already ran on this node; never run twice"
+        )
+    if isinstance(exc, NodeDraining):
+        return HTTPException(status_code=503, detail="node is draining")
+    return HTTPException(status_code=429, detail="node is at its queue limit")
+
+
+@router.get("/sessions")
+async def list_sessions(request: Request) -> list[NodeSessionInfo]:
+    return [s.info() for s in _node(request).lifecycle.sessions()]
+
+
+@router.get("/sessions/{session_id}", responses={404: {}})
+async def get_session(request: Request, session_id: str) -> NodeSessionDetail:
+    session = _node(request).lifecycle.get(session_id)
+    if session is None:
+        raise HTTPException(status_code=404, detail=f"unknown session {session_id!r}")
+    return NodeSessionDetail(**session.info().model_dump(), result=session.result)
+
+
+@router.delete("/sessions/{session_id}", responses={404: {}})
+async def cancel_session(request: Request, session_id: str) -> NodeSessionInfo:
+    """Cancel at any stage: the runtime is stopped and the session ends as ERROR ("cancelled")."""
+    session = _node(request).lifecycle.cancel(session_id)
+    if session is None:
+        raise HTTPException(status_code=404, detail=f"unknown session {session_id!r}")
+    return session.info()
+
+
+@router.post("/drain")
+async def drain(request: Request) -> NodeStatus:
+    """Accept no new sessions; finish those already here."""
+    node = _node(request)
+    node.lifecycle.drain()
+    return node.status()
+
+
+@router.get("/status")
+async def status(request: Request) -> NodeStatus:
+    return _node(request).status()
+
+
+def attach_lifecycle(app: FastAPI, config: NodeConfig) -> GatewayNode:
+    """Add the node API and lifecycle to a gateway app (call before the catch-all proxy route)."""
+    node = GatewayNode(app, config)
+    app.state.node = node
+    app.include_router(router)
+    return node

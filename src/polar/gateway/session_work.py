@@ -1,0 +1,276 @@
+"""What each lifecycle stage does for one session: runtime, harness, trajectory, evaluation.
+
+INIT starts the task's runtime (its prepare steps run inside ``start``). RUN writes the harness
+preset's files, runs its command with the session's environment, and closes the session's key
+when the harness is done, so nothing arrives after the trajectory is built. POSTRUN builds the
+trajectory from the capture store (a partial one, status TIMEOUT or ERROR, when the run ended
+early), evaluates it while the runtime is still up, and tears the runtime down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from polar.capture.store import CaptureStore
+from polar.errors import HarnessError, HarnessTimeout
+from polar.evaluators.base import EvaluationContext, EvaluationResult
+from polar.evaluators.registry import create_evaluator
+from polar.gateway.config import GatewayConfig, NodeConfig
+from polar.gateway.lifecycle import NodeSession, RunOutcome
+from polar.gateway.sessions import GatewaySession, SessionTable, base_urls
+from polar.harnesses.base import HarnessContext
+from polar.harnesses.install import default_prefix
+from polar.harnesses.registry import harness_for
+from polar.harnesses.runner import run_launch
+from polar.runtimes.base import Runtime
+from polar.runtimes.registry import create_runtime
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.trajectory import Trajectory, TrajectoryStatus
+from polar.trajectory.registry import create_builder
+
+log = logging.getLogger("polar.gateway.session")
+
+LIFTED_METADATA = ("group_id", "policy_version", "rollout_step")
+
+
+@dataclass
+class NodeContext:
+    """What every session on a node shares."""
+
+    gateway: GatewayConfig
+    node: NodeConfig
+    store: CaptureStore
+    sessions: SessionTable
+    policy_version: Callable[[], int]
+
+
+def session_env(runtime: Runtime, session_id: str, task_id: str) -> dict[str, str]:
+    """The environment every harness gets: all four providers pointed at this session."""
+    urls = base_urls(runtime.gateway_url_inside, session_id)
+    polar_dir = f"{runtime.home.rstrip('/')}/.polar"
+    return {
+        "OPENAI_BASE_URL": urls["openai"],
+        "OPENAI_API_KEY": session_id,
+        "ANTHROPIC_BASE_URL": urls["anthropic"],
+        "ANTHROPIC_API_KEY": session_id,
+        "GOOGLE_GEMINI_BASE_URL": urls["google"],
+        "GEMINI_API_KEY": session_id,
+        "POLAR_SESSION_ID": session_id,
+        "SESSION_ID": session_id,
+        "TASK_ID": task_id,
+        "POLAR_SESSION_DIR": polar_dir,
+        "POLAR_ARTIFACT_DIR": f"{polar_dir}/artifacts",
+        "POLAR_LOG_DIR": f"{polar_dir}/logs",
+    }
+
+
+class RolloutWork:
+    """The stage bodies of one session (the ``SessionWork`` the lifecycle drives)."""
+
+    def __init__(self, session: NodeSession, ctx: NodeContext) -> None:
+        self.session = session
+        self.ctx = ctx
+        self.task: TaskRequest = session.dispatch.task
+        self.session_dir = ctx.node.work_dir / session.session_id
+        self.runtime: Runtime | None = None
+        self.fresh: Runtime | None = None
+        self._prewarm: asyncio.Task[None] | None = None
+        self.exit_code: int | None = None
+
+    # -- INIT ------------------------------------------------------------------------------
+
+    async def init(self) -> None:
+        self.runtime = create_runtime(self.task.runtime, self.session_dir, self._gateway_url())
+        await self.runtime.start()
+
+    # -- RUN -------------------------------------------------------------------------------
+
+    async def run(self, budget_s: float) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        if self.task.evaluator.refresh_runtime:
+            self._prewarm = asyncio.create_task(self._start_fresh())
+        agent = self.task.agent
+        name = agent.import_path or agent.harness or "harness"
+        try:
+            await asyncio.to_thread(self._make_polar_dirs, runtime)
+            launch = harness_for(agent).prepare(self._harness_context(runtime))
+            env = {**session_env(runtime, self.session.session_id, self.task.task_id)}
+            launch = replace(launch, env={**env, **launch.env})
+            outcome = await run_launch(launch, runtime, timeout_s=budget_s, harness=name)
+            self.exit_code = outcome.exit_code
+        except HarnessTimeout as exc:
+            self.exit_code = exc.exit_code
+            raise TimeoutError(str(exc)) from exc
+        except HarnessError as exc:
+            self.exit_code = exc.exit_code
+            raise
+        finally:
+            # The session's key stops working: the trajectory is built from a closed record.
+            self.ctx.sessions.remove(self.session.session_id)
+
+    def _harness_context(self, runtime: Runtime) -> HarnessContext:
+        agent = self.task.agent
+        return HarnessContext(
+            session_id=self.session.session_id,
+            gateway_url=runtime.gateway_url_inside,
+            model_name=agent.model_name,
+            instruction=self.task.instruction,
+            workdir=runtime.workdir,
+            home=runtime.home,
+            prefix=str(default_prefix()),
+            settings=agent.settings,
+            env=agent.env,
+        )
+
+    @staticmethod
+    def _make_polar_dirs(runtime: Runtime) -> None:
+        """The session's artifact and log directories (under HOME, which every runtime maps)."""
+        for name in ("artifacts", "logs"):
+            (runtime.home_path / ".polar" / name).mkdir(parents=True, exist_ok=True)
+
+    # -- POSTRUN ---------------------------------------------------------------------------
+
+    async def postrun(self, outcome: RunOutcome) -> SessionResult:
+        session = self.session
+        status, error = outcome.status, outcome.error
+        trajectory: Trajectory | None = None
+        evaluation: EvaluationResult | None = None
+        try:
+            session.set_status(SessionStatus.BUILDING)
+            trajectory = await self._build(status)
+            if trajectory is not None and self._can_evaluate(outcome):
+                session.set_status(SessionStatus.EVALUATING)
+                try:
+                    evaluation = await self._evaluate(trajectory)
+                except Exception as exc:
+                    log.warning("evaluator failed for %s: %r", session.session_id, exc)
+                    status, error = SessionStatus.ERROR, f"evaluator failed: {exc!r}"
+        finally:
+            await self.abort()
+        if evaluation is not None and trajectory is not None:
+            trajectory = _with_reward(trajectory, evaluation.reward)
+        return SessionResult(
+            session_id=session.session_id,
+            task_id=self.task.task_id,
+            status=status,
+            trajectory=trajectory,
+            reward=evaluation.reward if evaluation else None,
+            node_id=session.node_id,
+            error=error,
+            metadata=self._result_metadata(evaluation),
+        )
+
+    def _can_evaluate(self, outcome: RunOutcome) -> bool:
+        return outcome.reached_run and not outcome.cancelled and self.runtime is not None
+
+    async def _build(self, status: SessionStatus) -> Trajectory | None:
+        """The trajectory from every captured call; None when the harness never ran."""
+        session_id = self.session.session_id
+        records = await asyncio.to_thread(self.ctx.store.records, session_id)
+        if not records and not self.session.outcome.reached_run:
+            return None
+        builder = create_builder(self.task.builder.strategy, self.task.builder.config)
+        return await asyncio.to_thread(
+            builder.build,
+            records,
+            status=_trajectory_status(status),
+            metadata=self._trajectory_metadata(),
+        )
+
+    async def _evaluate(self, trajectory: Trajectory) -> EvaluationResult:
+        runtime = self.runtime
+        assert runtime is not None
+        evaluator = create_evaluator(self.task.evaluator)
+        if self._prewarm is not None:
+            await asyncio.wait({self._prewarm})
+        ctx = EvaluationContext(
+            runtime=runtime,
+            trajectory=trajectory,
+            task=self.task,
+            workspace=runtime.workspace_path,
+            fresh_runtime=self._fresh_runtime,
+        )
+        return await evaluator.evaluate(ctx)
+
+    async def _start_fresh(self) -> None:
+        """Pre-warm the evaluator's fresh runtime while the harness runs."""
+        self.fresh = self._new_fresh()
+        try:
+            await self.fresh.start()
+        except Exception as exc:
+            log.info("pre-warming the evaluation runtime failed: %r", exc)
+            self.fresh = None
+
+    def _fresh_runtime(self) -> Runtime:
+        """The pre-warmed runtime the first time (already started), then new unstarted ones."""
+        fresh, self.fresh = self.fresh, None
+        return fresh if fresh is not None else self._new_fresh()
+
+    def _new_fresh(self) -> Runtime:
+        index = len(list(self.session_dir.parent.glob(f"{self.session_dir.name}-eval*")))
+        path = self.session_dir.with_name(f"{self.session_dir.name}-eval{index}")
+        return create_runtime(self.task.runtime, path, self._gateway_url())
+
+    async def abort(self) -> None:
+        """Stop everything this session started (the runtime, a pre-warmed one)."""
+        self.ctx.sessions.remove(self.session.session_id)
+        if self._prewarm is not None and not self._prewarm.done():
+            self._prewarm.cancel()
+            await asyncio.wait({self._prewarm})
+        for runtime in (self.runtime, self.fresh):
+            if runtime is not None:
+                with contextlib.suppress(Exception):
+                    await runtime.stop()
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def _trajectory_metadata(self) -> dict[str, Any]:
+        meta = {k: self.task.metadata[k] for k in LIFTED_METADATA if k in self.task.metadata}
+        meta.setdefault("policy_version", self.ctx.policy_version())
+        return {
+            **meta,
+            "session_id": self.session.session_id,
+            "task_id": self.task.task_id,
+            "sample_index": self.session.dispatch.sample_index,
+            "node_id": self.session.node_id,
+            "harness": self.task.agent.harness or self.task.agent.import_path,
+        }
+
+    def _result_metadata(self, evaluation: EvaluationResult | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "sample_index": self.session.dispatch.sample_index,
+            "session_dir": str(self.session_dir),
+            "exit_code": self.exit_code,
+        }
+        if evaluation is not None:
+            meta["passed"] = evaluation.passed
+            meta["evaluation"] = evaluation.details
+        return meta
+
+    def _gateway_url(self) -> str:
+        return self.ctx.gateway.base_url()
+
+
+async def register_session(ctx: NodeContext, session_id: str, metadata: dict[str, Any]) -> None:
+    """Make the session's key valid on this gateway (durably, before the dispatch is acked)."""
+    await ctx.store.add_session(session_id, metadata)
+    ctx.sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
+
+
+def _trajectory_status(status: SessionStatus) -> TrajectoryStatus:
+    if status == SessionStatus.TIMEOUT:
+        return TrajectoryStatus.TIMEOUT
+    if status == SessionStatus.COMPLETED:
+        return TrajectoryStatus.COMPLETED
+    return TrajectoryStatus.ERROR
+
+
+def _with_reward(trajectory: Trajectory, reward: float) -> Trajectory:
+    traces = [t.model_copy(update={"reward": reward}) for t in trajectory.traces]
+    return trajectory.model_copy(update={"traces": traces})

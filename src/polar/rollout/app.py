@@ -1,0 +1,184 @@
+"""The rollout server's HTTP API (``polar serve-rollout``): a thin shell around RolloutService."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from polar import __version__
+from polar.rollout.config import Topology
+from polar.rollout.protocol import NodeReport, Registered
+from polar.rollout.service import (
+    NodeView,
+    RolloutService,
+    SessionView,
+    TaskSummary,
+)
+from polar.rollout.store import TASK_RUNNING, TaskConflict
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult
+
+MAX_SAMPLES_PER_TASK = 10_000
+
+
+class TaskSubmission(TaskRequest):
+    """A TaskRequest with a ceiling on samples, so one request cannot exhaust the server."""
+
+    num_samples: int = Field(1, ge=1, le=MAX_SAMPLES_PER_TASK)
+
+
+class FinalResult(SessionResult):
+    """A SessionResult whose status is final (what nodes report)."""
+
+    status: Literal[SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT]
+
+
+class ResultAck(BaseModel):
+    session_id: str
+    accepted: bool
+    duplicate: bool
+
+
+def _service(request: Request) -> RolloutService:
+    service: RolloutService = request.app.state.service
+    return service
+
+
+def require_token(
+    request: Request,
+    authorization: str | None = Header(None),
+    x_polar_admin_token: str | None = Header(None),
+) -> None:
+    """With ``rollout.admin_token`` set, callers (trainers and nodes) must present it."""
+    token = _service(request).config.admin_token
+    if not token:
+        return
+    given = x_polar_admin_token or (authorization or "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(status_code=401, detail="admin token required")
+
+
+router = APIRouter(dependencies=[Depends(require_token)])
+
+
+@router.post("/tasks", status_code=201, tags=["tasks"], responses={409: {}})
+async def submit_task(request: Request, task: TaskSubmission) -> TaskSummary:
+    """Expand ``task`` into ``num_samples`` sessions; 409 while a task with its id runs."""
+    try:
+        return await _service(request).submit(TaskRequest(**dict(task)))
+    except TaskConflict as exc:
+        raise HTTPException(status_code=409, detail=f"task {exc} is still running") from exc
+
+
+@router.get("/tasks", tags=["tasks"])
+async def list_tasks(request: Request) -> list[TaskSummary]:
+    return _service(request).summaries()
+
+
+@router.get("/tasks/{task_id}", tags=["tasks"], responses={404: {}})
+async def get_task(request: Request, task_id: str) -> TaskResult:
+    """The task's status and the results of its finished sessions (poll until COMPLETED)."""
+    result = _service(request).task_result(task_id)
+    if result is None:
+        raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
+    return result
+
+
+@router.get("/tasks/{task_id}/sessions", tags=["tasks"], responses={404: {}})
+async def list_sessions(request: Request, task_id: str) -> list[SessionView]:
+    service = _service(request)
+    if service.summary(task_id) is None:
+        raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
+    return service.session_views(task_id)
+
+
+@router.get("/events", tags=["tasks"], response_class=StreamingResponse)
+async def events(
+    request: Request,
+    task_id: str | None = None,
+    last_event_id: str | None = Header(None),
+) -> StreamingResponse:
+    """Server-Sent Events: task_submitted, session_dispatched, session_finished, task_completed,
+    callback, node_registered, node_draining, node_dead."""
+    after = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+    stream = _service(request).events.stream(task_id=task_id, last_event_id=after)
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+@router.post("/nodes/register", tags=["nodes"])
+async def register_node(request: Request, report: NodeReport) -> Registered:
+    return await _service(request).register(report)
+
+
+@router.post("/nodes/{node_id}/heartbeat", tags=["nodes"], responses={404: {}, 409: {}})
+async def heartbeat(request: Request, node_id: str, report: NodeReport) -> Registered:
+    """404 tells the node to register again (the server restarted or declared it dead)."""
+    if report.status.node_id != node_id:
+        raise HTTPException(status_code=409, detail="node id in path and body differ")
+    answer = await _service(request).heartbeat(report)
+    if answer is None:
+        raise HTTPException(status_code=404, detail=f"node {node_id!r} must register")
+    return answer
+
+
+@router.post("/nodes/{node_id}/drain", tags=["nodes"], responses={404: {}})
+async def drain_node(request: Request, node_id: str) -> NodeView:
+    service = _service(request)
+    if await service.drain(node_id) is None:
+        raise HTTPException(status_code=404, detail=f"unknown node {node_id!r}")
+    return next(v for v in service.node_views() if v.node_id == node_id)
+
+
+@router.get("/nodes", tags=["nodes"])
+async def list_nodes(request: Request) -> list[NodeView]:
+    return _service(request).node_views()
+
+
+@router.post("/results", tags=["nodes"], responses={404: {}})
+async def post_result(request: Request, result: FinalResult) -> ResultAck:
+    """A node's final SessionResult; a repeat for the same session is acknowledged, not applied."""
+    try:
+        accepted = await _service(request).accept_result(SessionResult(**dict(result)))
+    except KeyError as exc:
+        raise HTTPException(status_code=404, detail=f"unknown session {exc}") from exc
+    return ResultAck(session_id=result.session_id, accepted=accepted, duplicate=not accepted)
+
+
+@router.get("/status", tags=["admin"])
+async def status(request: Request) -> dict[str, Any]:
+    return _service(request).status()
+
+
+def create_rollout_app(topology: Topology, *, service: RolloutService | None = None) -> FastAPI:
+    """The rollout server for ``topology``; ``service`` may be injected (tests)."""
+    service = service or RolloutService(topology)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        yield
+        await service.stop()
+
+    app = FastAPI(title="Polar rollout server", version=__version__, lifespan=lifespan)
+    app.state.service = service
+    app.state.config = topology.rollout
+    app.include_router(router)
+
+    @app.get("/health", tags=["admin"])
+    async def health() -> dict[str, Any]:
+        tasks = service.store.tasks()
+        return {
+            "status": "ok",
+            "running_tasks": sum(1 for t in tasks if t.status == TASK_RUNNING),
+        }
+
+    return app

@@ -1,0 +1,102 @@
+"""Delivering SessionResults to the trainer's ``callback_url``, with retry and backoff.
+
+Each result is POSTed with an ``Idempotency-Key`` (the session id) so a receiver can drop the
+rare duplicate that a lost acknowledgement causes. On our side a session is delivered at most
+once after it was acknowledged: delivery state is in the store, and a session already being
+delivered is never queued a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from polar.rollout.config import RetryPolicy
+from polar.rollout.protocol import IDEMPOTENCY_HEADER, SESSION_HEADER
+from polar.rollout.store import CALLBACK_DELIVERED, CALLBACK_FAILED, RolloutStore
+from polar.schemas.task import SessionResult
+
+log = logging.getLogger("polar.rollout.callbacks")
+
+# Answers worth retrying: the receiver is down, overloaded or behind a failing proxy.
+_RETRY_STATUS = {408, 425, 429}
+
+
+class CallbackSender:
+    """Runs one delivery task per pending session; ``send`` is idempotent per session id."""
+
+    def __init__(
+        self,
+        store: RolloutStore,
+        policy: RetryPolicy,
+        client: httpx.AsyncClient,
+        on_done: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.client = client
+        self.on_done = on_done
+        self._active: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._active)
+
+    def send(self, url: str, result: SessionResult) -> None:
+        """Start delivering ``result`` unless a delivery of this session is already under way."""
+        if result.session_id in self._active:
+            return
+        task = asyncio.create_task(self._deliver(url, result), name=f"callback-{result.session_id}")
+        self._active[result.session_id] = task
+        task.add_done_callback(lambda _: self._active.pop(result.session_id, None))
+
+    async def aclose(self) -> None:
+        tasks = list(self._active.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _deliver(self, url: str, result: SessionResult) -> None:
+        body = result.model_dump_json().encode()
+        headers = {
+            "content-type": "application/json",
+            IDEMPOTENCY_HEADER: result.session_id,
+            SESSION_HEADER: result.session_id,
+        }
+        deadline = time.monotonic() + self.policy.deadline_s
+        attempt = 0
+        state = CALLBACK_FAILED
+        while True:
+            outcome = await self._attempt(url, body, headers)
+            if outcome == "delivered":
+                state = CALLBACK_DELIVERED
+                break
+            if outcome == "rejected" or time.monotonic() + self.policy.delay(attempt) > deadline:
+                break
+            await asyncio.sleep(self.policy.delay(attempt))
+            attempt += 1
+        await asyncio.to_thread(self.store.set_callback, result.session_id, state)
+        if state == CALLBACK_FAILED:
+            log.warning("callback for session %s to %s failed for good", result.session_id, url)
+        if self.on_done is not None:
+            self.on_done(result.session_id, state)
+
+    async def _attempt(self, url: str, body: bytes, headers: dict[str, str]) -> str:
+        """``delivered``, ``retry``, or ``rejected`` (a 4xx the receiver will not change its mind on)."""
+        try:
+            reply = await self.client.post(
+                url, content=body, headers=headers, timeout=self.policy.timeout_s
+            )
+        except httpx.HTTPError as exc:
+            log.info("callback to %s failed: %r; retrying", url, exc)
+            return "retry"
+        if reply.is_success:
+            return "delivered"
+        if reply.status_code >= 500 or reply.status_code in _RETRY_STATUS:
+            return "retry"
+        log.warning("callback to %s rejected with HTTP %d", url, reply.status_code)
+        return "rejected"

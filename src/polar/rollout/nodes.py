@@ -1,0 +1,127 @@
+"""The registry of gateway nodes: registration, heartbeats, draining, and declaring nodes dead.
+
+A node that misses heartbeats for ``heartbeat_timeout_s`` stops getting sessions; one silent for
+``grace_s`` is dead, and the server marks its unfinished sessions ERROR rather than let a task
+hang. Time comes from an injectable clock so the rules are testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polar.rollout.protocol import NodeStatus
+from polar.rollout.scheduler import NodeLoad
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    status: NodeStatus | None
+    last_seen: float
+    drain_requested: bool = False
+    dead: bool = False
+    load: NodeLoad | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self.status.url if self.status else None
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_requested or bool(self.status and self.status.draining)
+
+
+class NodeRegistry:
+    """Known nodes by id; ``expire`` turns silence into death exactly once per node."""
+
+    def __init__(
+        self,
+        heartbeat_timeout_s: float,
+        grace_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.grace_s = grace_s
+        self.clock = clock
+        self._nodes: dict[str, NodeRecord] = {}
+
+    def register(self, status: NodeStatus) -> NodeRecord:
+        """A node announced itself (first start, restart, or after the server forgot it)."""
+        record = NodeRecord(node_id=status.node_id, status=status, last_seen=self.clock())
+        previous = self._nodes.get(status.node_id)
+        if previous is not None and not previous.dead:
+            record.drain_requested = previous.drain_requested
+        record.load = _load(status)
+        self._nodes[status.node_id] = record
+        return record
+
+    def heartbeat(self, status: NodeStatus) -> NodeRecord | None:
+        """Refresh a live node; ``None`` when unknown or already dead (it must register again)."""
+        record = self._nodes.get(status.node_id)
+        if record is None or record.dead or record.status is None:
+            return None
+        record.status = status
+        record.last_seen = self.clock()
+        record.load = _load(status)
+        return record
+
+    def expect(self, node_id: str) -> None:
+        """Remember a node that owes results (after a server restart) so its grace period runs."""
+        if node_id not in self._nodes:
+            self._nodes[node_id] = NodeRecord(node_id=node_id, status=None, last_seen=self.clock())
+
+    def drain(self, node_id: str) -> NodeRecord | None:
+        record = self._nodes.get(node_id)
+        if record is not None:
+            record.drain_requested = True
+        return record
+
+    def healthy(self, record: NodeRecord) -> bool:
+        return (
+            not record.dead
+            and record.status is not None
+            and self.clock() - record.last_seen <= self.heartbeat_timeout_s
+        )
+
+    def loads(self) -> list[NodeLoad]:
+        """Scheduler views of every node, with health and draining applied."""
+        out = []
+        for record in self._nodes.values():
+            if record.load is None:
+                continue
+            record.load.healthy = self.healthy(record)
+            record.load.draining = record.draining
+            out.append(record.load)
+        return out
+
+    def expire(self) -> list[str]:
+        """Node ids that just passed their grace period; each is reported once."""
+        now = self.clock()
+        newly_dead = []
+        for record in self._nodes.values():
+            if not record.dead and now - record.last_seen > self.grace_s:
+                record.dead = True
+                newly_dead.append(record.node_id)
+        return newly_dead
+
+    def get(self, node_id: str) -> NodeRecord | None:
+        return self._nodes.get(node_id)
+
+    def all(self) -> list[NodeRecord]:
+        return list(self._nodes.values())
+
+
+def _load(status: NodeStatus) -> NodeLoad:
+    stages = status.stages
+    return NodeLoad(
+        node_id=status.node_id,
+        run_workers=status.workers.run,
+        postrun_workers=status.workers.postrun,
+        init_workers=status.workers.init,
+        capacity=status.capacity,
+        before_run=stages.before_run_done,
+        in_postrun=stages.postrun_queued + stages.postrun,
+        in_init=stages.queued + stages.initializing,
+    )

@@ -1,0 +1,110 @@
+"""Wire models between the rollout server and its gateway nodes (both sides import these)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar.schemas.task import SessionStatus, TaskRequest
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+SESSION_HEADER = "x-polar-session-id"
+
+
+class StageCounts(BaseModel):
+    """How many of a node's unfinished sessions sit in each stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queued: int = Field(0, ge=0, description="Accepted, waiting for an INIT worker.")
+    initializing: int = Field(0, ge=0)
+    ready: int = Field(0, ge=0, description="Prepared, waiting for a run slot.")
+    running: int = Field(0, ge=0)
+    postrun_queued: int = Field(0, ge=0)
+    postrun: int = Field(0, ge=0)
+
+    @property
+    def before_run_done(self) -> int:
+        """Sessions that still need (or hold) a run slot."""
+        return self.queued + self.initializing + self.ready + self.running
+
+    @property
+    def unfinished(self) -> int:
+        return self.before_run_done + self.postrun_queued + self.postrun
+
+
+class Workers(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    init: int = Field(ge=1)
+    run: int = Field(ge=1)
+    postrun: int = Field(ge=1)
+    ready_buffer: int = Field(ge=0)
+    queue_limit: int = Field(ge=1)
+
+
+class NodeStatus(BaseModel):
+    """A node's self-report: sent on register and every heartbeat, served at /polar/node/status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field(min_length=1)
+    url: str = Field(
+        pattern=r"^https?://", description="Where the rollout server dispatches sessions."
+    )
+    draining: bool = False
+    paused: bool = False
+    policy_version: int = 0
+    workers: Workers
+    stages: StageCounts = Field(default_factory=StageCounts)
+    finished: int = Field(0, ge=0, description="Sessions finished since the node started.")
+
+    @property
+    def capacity(self) -> int:
+        """Sessions the node still accepts before answering 429."""
+        return max(0, self.workers.queue_limit - self.stages.unfinished)
+
+
+class NodeReport(BaseModel):
+    """Register and heartbeat body: the node's status and the sessions it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: NodeStatus
+    sessions: dict[str, SessionStatus] = Field(
+        default_factory=dict,
+        description="Unfinished sessions, and finished ones whose result is not yet delivered.",
+    )
+
+
+class SessionDispatch(BaseModel):
+    """One session sent to a node; the node starts it at most once per ``session_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str = Field(min_length=16, description="Unguessable; the harness's API key.")
+    sample_index: int = Field(0, ge=0, le=2**31)
+    task: TaskRequest
+
+
+class NodeSessionInfo(BaseModel):
+    """A node's view of one session (the dispatch acknowledgement and GET answer)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    task_id: str
+    node_id: str
+    status: SessionStatus
+    stage_started_at: float
+    timing: dict[str, float] = Field(default_factory=dict)
+    cancelled: bool = False
+    error: str | None = None
+
+
+class Registered(BaseModel):
+    """The rollout server's answer to a register or heartbeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str
+    heartbeat_s: float = Field(description="How often the server expects a heartbeat.")

@@ -1,0 +1,475 @@
+"""The rollout service: tasks in, sessions dispatched over nodes, results and callbacks out.
+
+The HTTP routes in ``app.py`` are a thin shell around this class. Invariants it keeps:
+
+- a session is bound to one node before it is sent, and re-sent only to that node, so a lost
+  acknowledgement is retried against the node's idempotent dispatch and never starts it twice;
+- a node that refuses (full, draining) gives the session back to the queue;
+- a node silent past its grace period has its unfinished sessions marked ERROR, so a task always
+  completes;
+- a session's first final result wins; it is written to SQLite and the task's JSONL before the
+  node's delivery is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from polar.gateway.sessions import new_session_id
+from polar.rollout.callbacks import CallbackSender
+from polar.rollout.config import Topology
+from polar.rollout.events import EventBus
+from polar.rollout.nodes import NodeRecord, NodeRegistry
+from polar.rollout.protocol import NodeReport, NodeSessionInfo, Registered, SessionDispatch
+from polar.rollout.scheduler import choose_node
+from polar.rollout.store import (
+    TASK_RUNNING,
+    RolloutStore,
+    SessionRow,
+    TaskRow,
+)
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult
+
+log = logging.getLogger("polar.rollout")
+
+_DISPATCH_BATCH = 512
+
+
+class TaskSummary(BaseModel):
+    task_id: str
+    status: str
+    num_samples: int
+    counts: dict[str, int]
+    created_at: float
+    finished_at: float | None
+
+
+class SessionView(BaseModel):
+    session_id: str
+    task_id: str
+    sample_index: int
+    status: SessionStatus
+    node_id: str | None
+    acknowledged: bool
+    callback: str
+    reward: float | None = None
+    error: str | None = None
+
+
+class NodeView(BaseModel):
+    node_id: str
+    url: str | None
+    healthy: bool
+    draining: bool
+    dead: bool
+    seen_s_ago: float
+    capacity: int
+    stages: dict[str, int]
+
+
+class RolloutService:
+    """Owns the store, the node registry, the dispatch and liveness loops, and callbacks."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topology = topology
+        self.config = topology.rollout
+        self.store = RolloutStore(self.config.data_dir)
+        self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
+        self.events = EventBus()
+        self.client = client or httpx.AsyncClient()
+        self.callbacks = CallbackSender(
+            self.store, self.config.callback_retry, self.client, on_done=self._callback_done
+        )
+        self._requests: dict[str, TaskRequest] = {}
+        self._sending: dict[str, asyncio.Task[None]] = {}
+        self._known_status: dict[str, SessionStatus] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._wake: asyncio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume where a previous server left off, then start the loops."""
+        self._wake = asyncio.Event()
+        for node_id in await asyncio.to_thread(self.store.nodes_owing_results):
+            self.nodes.expect(node_id)
+        for row in await asyncio.to_thread(self.store.unacknowledged):
+            self._send(row, str(row.node_id))
+        for row in await asyncio.to_thread(self.store.pending_callbacks):
+            url = self._request(row.task_id).callback_url
+            if url and row.result is not None:
+                self.callbacks.send(url, row.result)
+        self._loops = [
+            asyncio.create_task(self._dispatch_loop(), name="rollout-dispatch"),
+            asyncio.create_task(self._liveness_loop(), name="rollout-liveness"),
+        ]
+
+    async def stop(self) -> None:
+        tasks = self._loops + list(self._sending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.callbacks.aclose()
+        self.events.close()
+        await self.client.aclose()
+        self.store.close()
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    async def submit(self, request: TaskRequest) -> TaskSummary:
+        """Expand a task into sessions; raises ``TaskConflict`` if that id is still running."""
+        default_runtime = self.topology.defaults.runtime
+        if default_runtime and "kind" not in request.runtime.model_fields_set:
+            request = request.model_copy(
+                update={"runtime": request.runtime.model_copy(update={"kind": default_runtime})}
+            )
+        session_ids = [new_session_id() for _ in range(request.num_samples)]
+        await asyncio.to_thread(self.store.create_task, request, session_ids)
+        self._requests[request.task_id] = request
+        self.events.publish(
+            "task_submitted", task_id=request.task_id, num_samples=request.num_samples
+        )
+        self.wake()
+        summary = self.summary(request.task_id)
+        assert summary is not None
+        return summary
+
+    def summary(self, task_id: str) -> TaskSummary | None:
+        row = self.store.task(task_id)
+        return self._summary(row) if row else None
+
+    def summaries(self) -> list[TaskSummary]:
+        return [self._summary(row) for row in self.store.tasks()]
+
+    def task_result(self, task_id: str) -> TaskResult | None:
+        row = self.store.task(task_id)
+        if row is None:
+            return None
+        results = [s.result for s in self.store.sessions(task_id) if s.result is not None]
+        return TaskResult(
+            task_id=task_id,
+            status=row.status,
+            results=results,
+            result_paths=[str(self.store.results_path(task_id))],
+        )
+
+    def session_views(self, task_id: str) -> list[SessionView]:
+        return [_session_view(s) for s in self.store.sessions(task_id)]
+
+    def _summary(self, row: TaskRow) -> TaskSummary:
+        return TaskSummary(
+            task_id=row.task_id,
+            status=row.status,
+            num_samples=row.request.num_samples,
+            counts=self.store.counts(row.task_id),
+            created_at=row.created_at,
+            finished_at=row.finished_at,
+        )
+
+    def _request(self, task_id: str) -> TaskRequest:
+        request = self._requests.get(task_id)
+        if request is None:
+            row = self.store.task(task_id)
+            if row is None:
+                raise KeyError(task_id)
+            request = self._requests[task_id] = row.request
+        return request
+
+    # -- nodes ---------------------------------------------------------------------------
+
+    async def register(self, report: NodeReport) -> Registered:
+        """A node (re)started: sessions it acknowledged but no longer holds are lost."""
+        record = self.nodes.register(report.status)
+        for row in await asyncio.to_thread(self.store.unfinished_on, record.node_id):
+            if row.acknowledged and row.session_id not in report.sessions:
+                await self.accept_result(
+                    _failed(row, record.node_id, f"node {record.node_id} restarted and lost it")
+                )
+        await self._note_statuses(report.sessions)
+        self.events.publish("node_registered", node_id=record.node_id, url=record.url)
+        self.wake()
+        return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s())
+
+    async def heartbeat(self, report: NodeReport) -> Registered | None:
+        """``None`` when the node must register again (unknown, or declared dead)."""
+        record = self.nodes.heartbeat(report.status)
+        if record is None:
+            return None
+        await self._note_statuses(report.sessions)
+        if record.load is not None and record.load.eligible:
+            self.wake()
+        return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s())
+
+    async def drain(self, node_id: str) -> NodeRecord | None:
+        """Stop scheduling to a node and ask it to drain (it finishes what it has)."""
+        record = self.nodes.drain(node_id)
+        if record is None:
+            return None
+        if record.url:
+            try:
+                await self.client.post(
+                    f"{record.url}/polar/node/drain", headers=self._node_headers(node_id), timeout=5
+                )
+            except httpx.HTTPError as exc:
+                log.warning("could not tell node %s to drain: %r", node_id, exc)
+        self.events.publish("node_draining", node_id=node_id)
+        return record
+
+    def node_views(self) -> list[NodeView]:
+        views = []
+        now = self.nodes.clock()
+        for record in self.nodes.all():
+            status = record.status
+            views.append(
+                NodeView(
+                    node_id=record.node_id,
+                    url=record.url,
+                    healthy=self.nodes.healthy(record),
+                    draining=record.draining,
+                    dead=record.dead,
+                    seen_s_ago=round(now - record.last_seen, 3),
+                    capacity=status.capacity if status else 0,
+                    stages=status.stages.model_dump() if status else {},
+                )
+            )
+        return views
+
+    def _heartbeat_s(self) -> float:
+        return max(0.05, self.config.heartbeat_timeout_s / 3)
+
+    async def _note_statuses(self, sessions: dict[str, SessionStatus]) -> None:
+        changed = {
+            sid: status
+            for sid, status in sessions.items()
+            if not status.finished and self._known_status.get(sid) != status
+        }
+        if not changed:
+            return
+
+        def write() -> None:
+            for sid, status in changed.items():
+                self.store.set_status(sid, status)
+
+        await asyncio.to_thread(write)
+        self._known_status.update(changed)
+
+    # -- results -------------------------------------------------------------------------
+
+    async def accept_result(self, result: SessionResult) -> bool:
+        """Record a node's final result; ``False`` for a duplicate. Raises KeyError if unknown."""
+        if not result.status.finished:
+            raise ValueError(f"result for {result.session_id} has non-final status {result.status}")
+        finished = await asyncio.to_thread(self.store.finish, result)
+        if not finished.new:
+            return False
+        self._known_status.pop(result.session_id, None)
+        self.events.publish(
+            "session_finished",
+            task_id=result.task_id,
+            session_id=result.session_id,
+            status=result.status.value,
+            node_id=result.node_id,
+            reward=result.reward,
+            error=result.error,
+        )
+        if finished.callback_url:
+            self.callbacks.send(finished.callback_url, result)
+        if finished.task_completed:
+            self.events.publish("task_completed", task_id=result.task_id)
+        return True
+
+    def _callback_done(self, session_id: str, state: str) -> None:
+        self.events.publish("callback", session_id=session_id, state=state)
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _dispatch_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.dispatch_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.dispatch_once()
+            except Exception:
+                log.exception("dispatch round failed")
+
+    async def dispatch_once(self) -> int:
+        """Bind queued sessions to nodes (least pressure first) and start sending them."""
+        loads = self.nodes.loads()
+        free = sum(load.capacity for load in loads if load.eligible)
+        if free <= 0:
+            return 0
+        rows = await asyncio.to_thread(self.store.unassigned, min(free, _DISPATCH_BATCH))
+        plan: list[tuple[SessionRow, str]] = []
+        for row in rows:
+            node = choose_node(loads)
+            if node is None:
+                break
+            node.assign()
+            plan.append((row, node.node_id))
+        if not plan:
+            return 0
+
+        def bind() -> None:
+            for row, node_id in plan:
+                self.store.assign(row.session_id, node_id)
+
+        await asyncio.to_thread(bind)
+        for row, node_id in plan:
+            self._send(row, node_id)
+        return len(plan)
+
+    def _send(self, row: SessionRow, node_id: str) -> None:
+        if row.session_id in self._sending:
+            return
+        task = asyncio.create_task(self._send_until_acknowledged(row, node_id))
+        self._sending[row.session_id] = task
+        task.add_done_callback(lambda _: self._sending.pop(row.session_id, None))
+
+    async def _send_until_acknowledged(self, row: SessionRow, node_id: str) -> None:
+        """POST the dispatch to its node until it answers; only that node, however long."""
+        policy = self.config.dispatch_retry
+        body = SessionDispatch(
+            session_id=row.session_id,
+            sample_index=row.sample_index,
+            task=self._request(row.task_id),
+        ).model_dump_json()
+        attempt = 0
+        while True:
+            record = self.nodes.get(node_id)
+            if record is None or record.dead:
+                return  # the liveness loop fails the session
+            if record.url is not None:
+                outcome = await self._post_dispatch(
+                    row, record.url, node_id, body, policy.timeout_s
+                )
+                if outcome != "retry":
+                    return
+            await asyncio.sleep(policy.delay(attempt))
+            attempt += 1
+
+    async def _post_dispatch(
+        self, row: SessionRow, url: str, node_id: str, body: str, timeout_s: float
+    ) -> str:
+        headers = {**self._node_headers(node_id), "content-type": "application/json"}
+        try:
+            reply = await self.client.post(
+                f"{url}/polar/node/sessions", content=body, headers=headers, timeout=timeout_s
+            )
+        except httpx.HTTPError as exc:
+            log.info("dispatch of %s to %s unanswered (%r); retrying", row.session_id, node_id, exc)
+            return "retry"
+        if reply.status_code in (200, 201):
+            info = NodeSessionInfo.model_validate_json(reply.content)
+            await asyncio.to_thread(self.store.acknowledge, row.session_id, info.status)
+            self.events.publish(
+                "session_dispatched",
+                task_id=row.task_id,
+                session_id=row.session_id,
+                node_id=node_id,
+            )
+            return "done"
+        if reply.status_code in (429, 503):
+            await asyncio.to_thread(self.store.unassign, row.session_id)
+            self.wake()
+            return "refused"
+        if reply.status_code >= 500:
+            return "retry"
+        await self.accept_result(
+            _failed(row, node_id, f"node {node_id} rejected the session: HTTP {reply.status_code}")
+        )
+        return "rejected"
+
+    def _node_headers(self, node_id: str) -> dict[str, str]:
+        token = next(
+            (n.admin_token for n in self.topology.nodes if n.id == node_id and n.admin_token),
+            self.config.admin_token,
+        )
+        return {"authorization": f"Bearer {token}"} if token else {}
+
+    # -- liveness ------------------------------------------------------------------------
+
+    async def _liveness_loop(self) -> None:
+        interval = min(0.5, self.config.node_grace_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expire_nodes()
+            except Exception:
+                log.exception("liveness round failed")
+
+    async def expire_nodes(self) -> list[str]:
+        """Fail the unfinished sessions of nodes silent past their grace period."""
+        dead = self.nodes.expire()
+        for node_id in dead:
+            rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
+            reason = (
+                f"node {node_id} sent no heartbeat for {self.config.node_grace_s:g}s;"
+                " its sessions are lost"
+            )
+            for row in rows:
+                await self.accept_result(_failed(row, node_id, reason))
+            self.events.publish("node_dead", node_id=node_id, failed_sessions=len(rows))
+            log.warning("%s (%d sessions failed)", reason, len(rows))
+        return dead
+
+    def status(self) -> dict[str, Any]:
+        tasks = self.store.tasks()
+        return {
+            "nodes": [v.model_dump() for v in self.node_views()],
+            "tasks": {
+                "running": sum(1 for t in tasks if t.status == TASK_RUNNING),
+                "total": len(tasks),
+            },
+            "sessions": self.store.counts(),
+            "dispatching": len(self._sending),
+            "callbacks_in_flight": self.callbacks.pending,
+            "event_subscribers": self.events.subscribers,
+        }
+
+
+def _failed(row: SessionRow, node_id: str, error: str) -> SessionResult:
+    return SessionResult(
+        session_id=row.session_id,
+        task_id=row.task_id,
+        status=SessionStatus.ERROR,
+        node_id=node_id,
+        error=error,
+        metadata={"sample_index": row.sample_index},
+    )
+
+
+def _session_view(row: SessionRow) -> SessionView:
+    result = row.result
+    return SessionView(
+        session_id=row.session_id,
+        task_id=row.task_id,
+        sample_index=row.sample_index,
+        status=row.status,
+        node_id=row.node_id,
+        acknowledged=row.acknowledged,
+        callback=row.callback,
+        reward=result.reward if result else None,
+        error=result.error if result else None,
+    )

@@ -1,0 +1,303 @@
+"""Durable rollout state: tasks and sessions in SQLite, results appended to JSONL per task.
+
+A restarted rollout server reopens this store and still answers for finished tasks, resumes
+dispatching sessions no node has acknowledged, and resumes callbacks not yet delivered. A
+session's result is final once written: a second result for it (a retried delivery, a node that
+came back after its grace period) is recognised and ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    request BLOB NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    sample_index INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    node_id TEXT,
+    acknowledged INTEGER NOT NULL DEFAULT 0,
+    result BLOB,
+    callback TEXT NOT NULL DEFAULT 'none',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id, sample_index);
+CREATE INDEX IF NOT EXISTS sessions_by_node ON sessions (node_id, status);
+"""
+
+TASK_RUNNING = "RUNNING"
+TASK_COMPLETED = "COMPLETED"
+
+CALLBACK_NONE = "none"
+CALLBACK_PENDING = "pending"
+CALLBACK_DELIVERED = "delivered"
+CALLBACK_FAILED = "failed"
+
+_FINAL = tuple(s.value for s in SessionStatus if s.finished)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
+
+
+class TaskConflict(Exception):
+    """A task with this id is still running."""
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task_id: str
+    request: TaskRequest
+    status: str
+    created_at: float
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session_id: str
+    task_id: str
+    sample_index: int
+    status: SessionStatus
+    node_id: str | None
+    acknowledged: bool
+    result: SessionResult | None
+    callback: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What recording a final result changed."""
+
+    new: bool
+    task_completed: bool
+    callback_url: str | None
+
+
+class RolloutStore:
+    """Thread-safe (one lock): the server calls it from worker threads to keep its loop free."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.data_dir = Path(data_dir)
+        self.results_dir = self.data_dir / "results"
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            str(self.data_dir / "rollout.db"), check_same_thread=False, isolation_level=None
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def create_task(self, request: TaskRequest, session_ids: list[str]) -> None:
+        """Record a task and its sessions; a finished task with the same id is replaced."""
+        now = time.time()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT status FROM tasks WHERE task_id = ?", (request.task_id,)
+            ).fetchone()
+            if row is not None and row[0] == TASK_RUNNING:
+                raise TaskConflict(request.task_id)
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM sessions WHERE task_id = ?", (request.task_id,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, NULL)",
+                (request.task_id, request.model_dump_json().encode(), TASK_RUNNING, now),
+            )
+            self._db.executemany(
+                "INSERT INTO sessions (session_id, task_id, sample_index, status, created_at,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (sid, request.task_id, i, SessionStatus.REGISTERED.value, now, now)
+                    for i, sid in enumerate(session_ids)
+                ],
+            )
+            self._db.execute("COMMIT")
+        self.results_path(request.task_id).unlink(missing_ok=True)
+
+    def task(self, task_id: str) -> TaskRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return _task_row(row) if row else None
+
+    def tasks(self) -> list[TaskRow]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM tasks ORDER BY created_at").fetchall()
+        return [_task_row(r) for r in rows]
+
+    def results_path(self, task_id: str) -> Path:
+        """``results/<task>.jsonl``; ids unsafe as file names get a hashed name."""
+        if _SAFE_NAME.fullmatch(task_id):
+            name = task_id
+        else:
+            name = "task-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
+        return self.results_dir / f"{name}.jsonl"
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def sessions(self, task_id: str) -> list[SessionRow]:
+        return self._sessions("WHERE task_id = ? ORDER BY sample_index", (task_id,))
+
+    def session(self, session_id: str) -> SessionRow | None:
+        rows = self._sessions("WHERE session_id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    def unassigned(self, limit: int) -> list[SessionRow]:
+        """Sessions waiting for a node, oldest task first."""
+        return self._sessions(
+            "WHERE node_id IS NULL AND status = ? ORDER BY created_at, task_id, sample_index"
+            " LIMIT ?",
+            (SessionStatus.REGISTERED.value, limit),
+        )
+
+    def unacknowledged(self) -> list[SessionRow]:
+        """Sessions sent (or about to be) to a node that has not confirmed it has them."""
+        return self._sessions(
+            f"WHERE node_id IS NOT NULL AND acknowledged = 0 AND status NOT IN {_FINAL}", ()
+        )
+
+    def unfinished_on(self, node_id: str) -> list[SessionRow]:
+        return self._sessions(f"WHERE node_id = ? AND status NOT IN {_FINAL}", (node_id,))
+
+    def nodes_owing_results(self) -> list[str]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT DISTINCT node_id FROM sessions WHERE node_id IS NOT NULL"
+                f" AND status NOT IN {_FINAL}"
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def pending_callbacks(self) -> list[SessionRow]:
+        return self._sessions("WHERE callback = ?", (CALLBACK_PENDING,))
+
+    def counts(self, task_id: str | None = None) -> dict[str, int]:
+        """Sessions per status, of one task or of all."""
+        where, params = ("WHERE task_id = ?", (task_id,)) if task_id is not None else ("", ())
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT status, COUNT(*) FROM sessions {where} GROUP BY status", params
+            )
+            return {status: n for status, n in rows.fetchall()}
+
+    def assign(self, session_id: str, node_id: str) -> None:
+        self._update("node_id = ?, acknowledged = 0", (node_id,), session_id)
+
+    def unassign(self, session_id: str) -> None:
+        """The node refused the session (full or draining): it goes back to the queue."""
+        self._update("node_id = NULL, acknowledged = 0", (), session_id)
+
+    def acknowledge(self, session_id: str, status: SessionStatus) -> None:
+        self.set_status(session_id, status, acknowledged=True)
+
+    def set_status(
+        self, session_id: str, status: SessionStatus, *, acknowledged: bool = False
+    ) -> None:
+        """Progress reported by a node; never moves a finished session."""
+        if status.finished:
+            return
+        sets = "status = ?" + (", acknowledged = 1" if acknowledged else "")
+        self._update(sets, (status.value,), session_id)
+
+    def finish(self, result: SessionResult) -> Finished:
+        """Record a final result once; later ones for the same session are ignored."""
+        now = time.time()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT s.status, t.request FROM sessions s JOIN tasks t USING (task_id)"
+                " WHERE s.session_id = ?",
+                (result.session_id,),
+            ).fetchone()
+            if row is None:
+                raise KeyError(result.session_id)
+            if row[0] in _FINAL:
+                return Finished(new=False, task_completed=False, callback_url=None)
+            request = TaskRequest.model_validate_json(row[1])
+            callback = CALLBACK_PENDING if request.callback_url else CALLBACK_NONE
+            payload = result.model_dump_json().encode()
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "UPDATE sessions SET status = ?, result = ?, callback = ?, node_id ="
+                " COALESCE(?, node_id), acknowledged = 1, updated_at = ? WHERE session_id = ?",
+                (result.status.value, payload, callback, result.node_id, now, result.session_id),
+            )
+            left = self._db.execute(
+                f"SELECT COUNT(*) FROM sessions WHERE task_id = ? AND status NOT IN {_FINAL}",
+                (request.task_id,),
+            ).fetchone()[0]
+            if left == 0:
+                self._db.execute(
+                    "UPDATE tasks SET status = ?, finished_at = ? WHERE task_id = ?",
+                    (TASK_COMPLETED, now, request.task_id),
+                )
+            with self.results_path(request.task_id).open("ab") as out:
+                out.write(payload + b"\n")
+            self._db.execute("COMMIT")
+        return Finished(new=True, task_completed=left == 0, callback_url=request.callback_url)
+
+    def set_callback(self, session_id: str, state: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE sessions SET callback = ? WHERE session_id = ?", (state, session_id)
+            )
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _update(self, sets: str, params: tuple[object, ...], session_id: str) -> None:
+        """Change an unfinished session; a finished one is never moved again."""
+        with self._lock:
+            self._db.execute(
+                f"UPDATE sessions SET {sets}, updated_at = ?"
+                f" WHERE session_id = ? AND status NOT IN {_FINAL}",
+                (*params, time.time(), session_id),
+            )
+
+    def _sessions(self, where: str, params: tuple[object, ...]) -> list[SessionRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT session_id, task_id, sample_index, status, node_id, acknowledged, result,"
+                f" callback FROM sessions {where}",
+                params,
+            ).fetchall()
+        return [
+            SessionRow(
+                session_id=r[0],
+                task_id=r[1],
+                sample_index=r[2],
+                status=SessionStatus(r[3]),
+                node_id=r[4],
+                acknowledged=bool(r[5]),
+                result=SessionResult.model_validate_json(r[6]) if r[6] else None,
+                callback=r[7],
+            )
+            for r in rows
+        ]
+
+
+def _task_row(row: tuple[object, ...]) -> TaskRow:
+    return TaskRow(
+        task_id=str(row[0]),
+        request=TaskRequest.model_validate_json(row[1]),  # type: ignore[arg-type]
+        status=str(row[2]),
+        created_at=float(row[3]),  # type: ignore[arg-type]
+        finished_at=float(row[4]) if row[4] is not None else None,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,94 @@
+"""Callback delivery: retry with backoff until acknowledged, then never again."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar.rollout.callbacks import CallbackSender
+from polar.rollout.config import RetryPolicy
+from polar.rollout.store import CALLBACK_DELIVERED, CALLBACK_FAILED, RolloutStore
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+
+FAST = RetryPolicy(initial_s=0.01, max_s=0.02, deadline_s=2, timeout_s=1)
+
+
+class Receiver:
+    """A trainer endpoint that is down for the first ``down`` attempts."""
+
+    def __init__(self, down: int = 0, status: int = 200) -> None:
+        self.down = down
+        self.status = status
+        self.attempts: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.attempts.append(request)
+        if len(self.attempts) <= self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(self.status)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = RolloutStore(tmp_path)
+    s.create_task(
+        TaskRequest(task_id="t", instruction="x", num_samples=2, callback_url="http://cb/x"),
+        ["s1", "s2"],
+    )
+    yield s
+    s.close()
+
+
+def finish(store: RolloutStore, sid: str) -> SessionResult:
+    result = SessionResult(session_id=sid, task_id="t", status=SessionStatus.COMPLETED, reward=1)
+    store.finish(result)
+    return result
+
+
+async def drain(sender: CallbackSender) -> None:
+    for _ in range(400):
+        if sender.pending == 0:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("deliveries did not finish")
+
+
+async def test_receiver_down_then_up_gets_it_once(store: RolloutStore) -> None:
+    receiver = Receiver(down=3)
+    done: list[tuple[str, str]] = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(receiver)) as client:
+        sender = CallbackSender(store, FAST, client, on_done=lambda s, st: done.append((s, st)))
+        result = finish(store, "s1")
+        sender.send("http://cb/x", result)
+        sender.send("http://cb/x", result)  # a duplicate while in flight: ignored
+        await drain(sender)
+    assert len(receiver.attempts) == 4
+    last = receiver.attempts[-1]
+    assert last.headers["idempotency-key"] == "s1"
+    assert last.headers["x-polar-session-id"] == "s1"
+    assert SessionResult.model_validate_json(last.content) == result
+    assert done == [("s1", CALLBACK_DELIVERED)]
+    assert store.session("s1").callback == CALLBACK_DELIVERED  # type: ignore[union-attr]
+    assert store.pending_callbacks() == []
+
+
+async def test_server_errors_are_retried_client_errors_are_not(store: RolloutStore) -> None:
+    flaky = Receiver(down=0, status=503)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(flaky)) as client:
+        policy = RetryPolicy(initial_s=0.01, max_s=0.01, deadline_s=0.1, timeout_s=1)
+        sender = CallbackSender(store, policy, client)
+        sender.send("http://cb/x", finish(store, "s1"))
+        await drain(sender)
+    assert len(flaky.attempts) > 3
+    assert store.session("s1").callback == CALLBACK_FAILED  # type: ignore[union-attr]
+
+    refusing = Receiver(status=400)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refusing)) as client:
+        sender = CallbackSender(store, FAST, client)
+        sender.send("http://cb/x", finish(store, "s2"))
+        await drain(sender)
+    assert len(refusing.attempts) == 1
+    assert store.session("s2").callback == CALLBACK_FAILED  # type: ignore[union-attr]

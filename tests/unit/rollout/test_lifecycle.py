@@ -1,0 +1,260 @@
+"""The node's pools with scripted stage bodies: order, READY bound, budget, cancel, idempotence."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from polar.gateway.config import NodeConfig
+from polar.gateway.lifecycle import (
+    CANCELLED,
+    AlreadyRan,
+    Lifecycle,
+    NodeDraining,
+    NodeFull,
+    NodeSession,
+    RunOutcome,
+)
+from polar.rollout.protocol import SessionDispatch
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+
+
+@dataclass
+class Plan:
+    """How the fake stages behave for one session."""
+
+    init_s: float = 0.0
+    run_s: float = 0.0
+    post_s: float = 0.0
+    init_error: Exception | None = None
+    run_error: Exception | None = None
+    post_error: Exception | None = None
+
+
+@dataclass
+class Journal:
+    events: list[tuple[str, str]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+
+
+class FakeWork:
+    def __init__(self, session: NodeSession, plan: Plan, journal: Journal, life: Lifecycle):
+        self.session, self.plan, self.journal, self.life = session, plan, journal, life
+
+    async def init(self) -> None:
+        self.journal.events.append(("init", self.session.session_id))
+        await asyncio.sleep(self.plan.init_s)
+        if self.plan.init_error:
+            raise self.plan.init_error
+
+    async def run(self, budget_s: float) -> None:
+        self.journal.events.append(("run", self.session.session_id))
+        await asyncio.sleep(self.plan.run_s)
+        if self.plan.run_error:
+            raise self.plan.run_error
+
+    async def postrun(self, outcome: RunOutcome) -> SessionResult:
+        self.journal.events.append(("postrun", self.session.session_id))
+        self.session.set_status(SessionStatus.BUILDING)
+        await asyncio.sleep(self.plan.post_s)
+        if self.plan.post_error:
+            raise self.plan.post_error
+        return SessionResult(
+            session_id=self.session.session_id,
+            task_id=self.session.task_id,
+            status=outcome.status,
+            error=outcome.error,
+            reward=1.0,
+            metadata={"reached_run": outcome.reached_run},
+        )
+
+    async def abort(self) -> None:
+        self.journal.aborted.append(self.session.session_id)
+
+
+def dispatch(sid: str, timeout: float = 5.0) -> SessionDispatch:
+    task = TaskRequest(task_id="t", instruction="x", timeout_seconds=timeout)
+    return SessionDispatch(session_id=sid.ljust(16, "0"), task=task)
+
+
+class Node:
+    def __init__(self, plans: dict[str, Plan] | None = None, **config: object) -> None:
+        self.plans = plans or {}
+        self.journal = Journal()
+        self.results: list[SessionResult] = []
+        self.life = Lifecycle(
+            NodeConfig(**config),  # type: ignore[arg-type]
+            self._work,
+            on_finished=self._finished,
+            known_ids={"old".ljust(16, "0")},
+        )
+
+    def _work(self, session: NodeSession) -> FakeWork:
+        plan = self.plans.get(session.session_id.rstrip("0"), Plan())
+        return FakeWork(session, plan, self.journal, self.life)
+
+    async def _finished(self, result: SessionResult) -> None:
+        self.results.append(result)
+
+    def submit(self, sid: str, timeout: float = 5.0) -> NodeSession:
+        return self.life.dispatch(dispatch(sid, timeout))[0]
+
+    async def result(self, sid: str) -> SessionResult:
+        return await asyncio.wait_for(self.life.wait(sid.ljust(16, "0")), 5)
+
+
+@pytest.fixture
+async def node_factory():
+    nodes: list[Node] = []
+
+    def make(plans: dict[str, Plan] | None = None, **config: object) -> Node:
+        node = Node(plans, **config)
+        node.life.start()
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        await node.life.stop(grace_s=2)
+
+
+async def test_a_session_goes_through_every_stage_with_timings(node_factory) -> None:
+    node = node_factory({"a": Plan(init_s=0.02, run_s=0.03, post_s=0.01)})
+    node.submit("a")
+    result = await node.result("a")
+    assert result.status == SessionStatus.COMPLETED and result.reward == 1.0
+    assert [e for e, _ in node.journal.events] == ["init", "run", "postrun"]
+    assert result.timing["init"] >= 0.02 and result.timing["run"] >= 0.03
+    assert result.timing["postrun"] >= 0.01
+    assert result.timing["total"] >= 0.06
+    assert set(result.timing) >= {"queued", "init", "ready_wait", "run", "postrun_wait"}
+    assert node.results == [result]
+    assert node.life.counts().unfinished == 0 and node.life.finished_count == 1
+
+
+async def test_dispatch_is_idempotent_and_admission_is_enforced(node_factory) -> None:
+    node = node_factory({"a": Plan(run_s=0.2)}, queue_limit=2)
+    first, created = node.life.dispatch(dispatch("a"))
+    again, created_again = node.life.dispatch(dispatch("a"))
+    assert created and not created_again and again is first
+    with pytest.raises(AlreadyRan):
+        node.life.dispatch(dispatch("old"))
+    node.submit("b")
+    with pytest.raises(NodeFull):
+        node.submit("c")
+    node.life.drain()
+    with pytest.raises(NodeDraining):
+        node.submit("d")
+    await node.result("a")
+    assert [e for e, s in node.journal.events if s.startswith("a")].count("run") == 1
+    assert node.life.dispatch(dispatch("a"))[0].finished  # still answers after finishing
+
+
+async def test_ready_buffer_bounds_prepared_runtimes_and_feeds_run_slots(node_factory) -> None:
+    plans = {f"s{i}": Plan(init_s=0.005, run_s=0.05) for i in range(12)}
+    node = node_factory(plans, init_workers=4, run_workers=2, ready_buffer=3)
+    samples = []
+
+    async def sample() -> None:
+        while True:
+            samples.append(node.life.counts())
+            await asyncio.sleep(0.002)
+
+    sampler = asyncio.create_task(sample())
+    for i in range(12):
+        node.submit(f"s{i}")
+    results = [await node.result(f"s{i}") for i in range(12)]
+    sampler.cancel()
+    assert all(r.status == SessionStatus.COMPLETED for r in results)
+    assert max(c.running for c in samples) == 2
+    assert max(c.initializing + c.ready for c in samples) == 3  # prepared ahead, never more
+    assert max(c.ready for c in samples) >= 2  # a prepared runtime waits for each slot
+
+
+async def test_inline_mode_runs_init_on_the_run_slot(node_factory) -> None:
+    node = node_factory({}, run_workers=1, ready_buffer=0)
+    node.submit("a")
+    node.submit("b")
+    await node.result("b")
+    kinds = [e for e, _ in node.journal.events if e != "postrun"]
+    assert kinds == ["init", "run", "init", "run"]
+
+
+async def test_budget_runs_out_in_run_timeout_result_still_post_runs(node_factory) -> None:
+    node = node_factory({"slow": Plan(init_s=0.05, run_s=5)})
+    node.submit("slow", timeout=0.2)
+    result = await node.result("slow")
+    assert result.status == SessionStatus.TIMEOUT
+    assert "ran out during run" in (result.error or "")
+    assert result.metadata["reached_run"] is True
+    assert ("postrun", "slow".ljust(16, "0")) in node.journal.events
+    assert 0.15 < result.timing["total"] < 1.0  # budget counted from INIT
+
+
+async def test_budget_runs_out_in_init(node_factory) -> None:
+    node = node_factory({"a": Plan(init_s=5)})
+    node.submit("a", timeout=0.1)
+    result = await node.result("a")
+    assert result.status == SessionStatus.TIMEOUT and "during init" in (result.error or "")
+    assert result.metadata["reached_run"] is False
+
+
+async def test_failures_become_error_results(node_factory) -> None:
+    node = node_factory(
+        {
+            "boot": Plan(init_error=RuntimeError("bwrap missing")),
+            "crash": Plan(run_error=RuntimeError("exit 3")),
+            "post": Plan(post_error=ValueError("builder bug")),
+        }
+    )
+    for sid in ("boot", "crash", "post"):
+        node.submit(sid)
+    boot, crash, post = [await node.result(s) for s in ("boot", "crash", "post")]
+    assert boot.status == SessionStatus.ERROR and "init failed: bwrap missing" in boot.error
+    assert crash.status == SessionStatus.ERROR and "run failed: exit 3" in crash.error
+    assert post.status == SessionStatus.ERROR and "builder bug" in post.error
+    assert "post".ljust(16, "0") in node.journal.aborted
+    assert len(node.results) == 3
+
+
+@pytest.mark.parametrize("stage", ["queued", "init", "ready", "run", "postrun"])
+async def test_cancel_at_any_stage(node_factory, stage: str) -> None:
+    plans = {
+        "blocker": Plan(init_s=0.3, run_s=0.3),
+        "x": Plan(init_s=0.3 if stage == "init" else 0.0, run_s=5, post_s=5 * (stage == "postrun")),
+    }
+    node = node_factory(plans, init_workers=1, run_workers=1, ready_buffer=1)
+    if stage in ("queued", "ready"):
+        node.submit("blocker")
+    session = node.submit("x")
+    want = {
+        "queued": "queued",
+        "init": "initializing",
+        "ready": "ready",
+        "run": "running",
+        "postrun": "postrun",
+    }[stage]
+    if stage == "postrun":
+        node.plans["x"].run_s = 0.0
+    for _ in range(200):
+        if session.place == want:
+            break
+        await asyncio.sleep(0.005)
+    assert session.place == want
+    node.life.cancel(session.session_id)
+    result = await node.result("x")
+    assert result.status == SessionStatus.ERROR and result.error == CANCELLED
+    assert result.timing["total"] < 1.0
+    run_started = ("run", session.session_id) in node.journal.events
+    assert run_started == (stage in ("run", "postrun"))
+
+
+async def test_stop_cancels_unfinished_sessions() -> None:
+    node = Node({"a": Plan(run_s=10)})
+    node.life.start()
+    node.submit("a")
+    await asyncio.sleep(0.02)
+    await node.life.stop(grace_s=2)
+    assert node.results[0].error == CANCELLED

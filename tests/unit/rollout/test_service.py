@@ -1,0 +1,239 @@
+"""The rollout service against scripted nodes: dispatch, lost acks, refusals, death, restart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology, TopologyDefaults
+from polar.rollout.protocol import (
+    NodeReport,
+    NodeSessionInfo,
+    NodeStatus,
+    SessionDispatch,
+    Workers,
+)
+from polar.rollout.service import RolloutService
+from polar.rollout.store import TASK_COMPLETED, TaskConflict
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeNodes:
+    """Nodes and a trainer callback endpoint behind one httpx transport."""
+
+    def __init__(self) -> None:
+        self.dispatches: list[tuple[str, str]] = []  # (node, session_id) per POST
+        self.started: dict[str, set[str]] = {}
+        self.lose_first_acks = False  # every session's first acknowledgement is lost
+        self._lost: set[str] = set()
+        self.refusing: set[str] = set()  # nodes answering 429
+        self.callbacks: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        node = request.url.host
+        if node == "trainer":
+            self.callbacks.append(request.headers["idempotency-key"])
+            return httpx.Response(200)
+        if request.url.path == "/polar/node/drain":
+            return httpx.Response(200, json={})
+        dispatch = SessionDispatch.model_validate_json(request.content)
+        sid = dispatch.session_id
+        self.dispatches.append((node, sid))
+        if node in self.refusing:
+            return httpx.Response(429, json={"detail": "full"})
+        self.started.setdefault(node, set()).add(sid)
+        if self.lose_first_acks and sid not in self._lost:
+            self._lost.add(sid)
+            raise httpx.ReadTimeout("ack lost", request=request)
+        info = NodeSessionInfo(
+            session_id=sid,
+            task_id=dispatch.task.task_id,
+            node_id=node,
+            status=SessionStatus.INITIALIZING,
+            stage_started_at=0.0,
+        )
+        return httpx.Response(201, content=info.model_dump_json())
+
+
+def report(node: str, run: int = 2, sessions: dict[str, SessionStatus] | None = None) -> NodeReport:
+    status = NodeStatus(
+        node_id=node,
+        url=f"http://{node}",
+        workers=Workers(init=1, run=run, postrun=1, ready_buffer=1, queue_limit=50),
+    )
+    return NodeReport(status=status, sessions=sessions or {})
+
+
+def topology(tmp_path: Path, **rollout: object) -> Topology:
+    config = RolloutServerConfig(
+        data_dir=tmp_path,
+        dispatch_interval_s=0.01,
+        dispatch_retry=RetryPolicy(initial_s=0.01, max_s=0.02, timeout_s=1),
+        callback_retry=RetryPolicy(initial_s=0.01, max_s=0.02, deadline_s=2),
+        heartbeat_timeout_s=5,
+        node_grace_s=10,
+        **rollout,  # type: ignore[arg-type]
+    )
+    return Topology(rollout=config, defaults=TopologyDefaults(runtime="local"))
+
+
+async def until(check: Callable[[], bool], timeout: float = 3.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+@pytest.fixture
+async def env(tmp_path: Path):
+    nodes = FakeNodes()
+    clock = Clock()
+    services: list[RolloutService] = []
+
+    async def make() -> RolloutService:
+        client = httpx.AsyncClient(transport=httpx.MockTransport(nodes))
+        service = RolloutService(topology(tmp_path), client=client, clock=clock)
+        await service.start()
+        services.append(service)
+        return service
+
+    yield nodes, clock, make
+    for service in services:
+        if service._loops and not service._loops[0].done():
+            await service.stop()
+
+
+def result(sid: str, status: SessionStatus = SessionStatus.COMPLETED) -> SessionResult:
+    return SessionResult(session_id=sid, task_id="t", status=status, reward=1.0, node_id="a")
+
+
+def task(n: int = 4, **kw: object) -> TaskRequest:
+    return TaskRequest(task_id="t", instruction="do", num_samples=n, **kw)  # type: ignore[arg-type]
+
+
+async def test_task_flows_through_nodes_to_results_and_callbacks(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.register(report("b"))
+    summary = await service.submit(task(callback_url="http://trainer/cb"))
+    assert summary.num_samples == 4 and summary.status == "RUNNING"
+    with pytest.raises(TaskConflict):
+        await service.submit(task())
+    await until(lambda: len(nodes.dispatches) == 4)
+    assert {n for n, _ in nodes.dispatches} == {"a", "b"}  # spread by run pressure
+    views = service.session_views("t")
+    await until(lambda: all(v.acknowledged for v in service.session_views("t")))
+    for view in views:
+        assert await service.accept_result(result(view.session_id))
+    assert not await service.accept_result(result(views[0].session_id, SessionStatus.ERROR))
+    final = service.task_result("t")
+    assert final is not None and final.status == TASK_COMPLETED and len(final.results) == 4
+    await until(lambda: len(nodes.callbacks) == 4)
+    await asyncio.sleep(0.05)
+    assert sorted(nodes.callbacks) == sorted(v.session_id for v in views)
+
+
+async def test_default_runtime_applies_only_when_the_task_names_none(env) -> None:
+    _, _, make = env
+    service = await make()
+    await service.submit(task(n=1))
+    assert service._request("t").runtime.kind == "local"
+    named = TaskRequest.model_validate(
+        {"task_id": "u", "instruction": "x", "runtime": {"kind": "bubblewrap"}}
+    )
+    await service.submit(named)
+    assert service._request("u").runtime.kind == "bubblewrap"
+
+
+async def test_lost_ack_is_retried_to_the_same_node_only(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.register(report("b"))
+    nodes.lose_first_acks = True
+    await service.submit(task(n=2))
+    sids = [v.session_id for v in service.session_views("t")]
+    await until(lambda: all(v.acknowledged for v in service.session_views("t")))
+    for sid in sids:
+        posts = [n for n, s in nodes.dispatches if s == sid]
+        assert len(posts) == 2 and len(set(posts)) == 1  # resent, same node
+
+
+async def test_refusal_puts_the_session_back_for_another_node(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    nodes.refusing.add("a")
+    await service.register(report("a", run=8))  # least pressure: chosen first, but refuses
+    await service.register(report("b", run=1))
+    await service.submit(task(n=1))
+    await until(lambda: service.session_views("t")[0].acknowledged)
+    assert service.session_views("t")[0].node_id == "b"
+    assert [n for n, _ in nodes.dispatches][:1] == ["a"]
+
+
+async def test_dead_node_sessions_fail_after_grace_and_task_completes(env) -> None:
+    _, clock, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.submit(task(n=2))
+    await until(lambda: all(v.acknowledged for v in service.session_views("t")))
+    clock.now += 6  # unhealthy: no new sessions
+    assert not service.node_views()[0].healthy
+    assert await service.expire_nodes() == []
+    clock.now += 5  # past the grace period
+    assert await service.expire_nodes() == ["a"]
+    final = service.task_result("t")
+    assert final is not None and final.status == TASK_COMPLETED
+    assert {r.status for r in final.results} == {SessionStatus.ERROR}
+    assert "no heartbeat for 10s" in (final.results[0].error or "")
+    # The node comes back late with a real result: acknowledged, not applied.
+    assert not await service.accept_result(result(final.results[0].session_id))
+
+
+async def test_restart_answers_finished_tasks_and_resumes_unacked(env) -> None:
+    nodes, _, make = env
+    first = await make()
+    await first.register(report("a"))
+    await first.submit(task(n=2, callback_url="http://trainer/cb"))
+    await until(lambda: all(v.acknowledged for v in first.session_views("t")))
+    sids = [v.session_id for v in first.session_views("t")]
+    await first.accept_result(result(sids[0]))
+    await until(lambda: len(nodes.callbacks) == 1)
+    await first.stop()
+
+    second = await make()
+    summary = second.summary("t")
+    assert summary is not None and summary.counts["COMPLETED"] == 1
+    # The node re-registers holding only the unfinished session: nothing is failed.
+    await second.register(report("a", sessions={sids[1]: SessionStatus.RUNNING}))
+    assert second.session_views("t")[1].status == SessionStatus.RUNNING
+    await second.accept_result(result(sids[1]))
+    final = second.task_result("t")
+    assert final is not None and final.status == TASK_COMPLETED
+    await until(lambda: len(nodes.callbacks) == 2)
+    assert sorted(nodes.callbacks) == sorted(sids)  # the first was not sent again
+
+
+async def test_a_node_that_restarted_loses_its_acknowledged_sessions(env) -> None:
+    _, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.submit(task(n=1))
+    await until(lambda: service.session_views("t")[0].acknowledged)
+    await service.register(report("a"))  # a fresh node process knows nothing
+    view = service.session_views("t")[0]
+    assert view.status == SessionStatus.ERROR and "restarted" in (view.error or "")
