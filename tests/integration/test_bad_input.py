@@ -216,7 +216,10 @@ async def test_side_calls_are_tagged_by_the_sessions_harness(gateway):
     title_call = {
         "model": "m",
         "messages": [
-            {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+            {
+                "role": "system",
+                "content": "You are a title generator. You output ONLY a thread title.",
+            },
             {"role": "user", "content": "fix the bug"},
         ],
     }
