@@ -105,6 +105,10 @@ class CaptureStore:
     async def add_session(self, session_id: str, metadata: dict[str, Any]) -> None:
         await asyncio.wrap_future(self.submit(("session", session_id, metadata)))
 
+    async def close_session(self, session_id: str) -> None:
+        """Mark a session closed: its key must not come back to life when a gateway restarts."""
+        await asyncio.wrap_future(self.submit(("close", session_id)))
+
     async def delete_session(self, session_id: str) -> None:
         await asyncio.wrap_future(self.submit(("delete", session_id)))
 
@@ -165,6 +169,17 @@ class CaptureStore:
                 "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?)",
                 (op[1], time.time(), orjson.dumps(op[2])),
             )
+            return None
+        if kind == "close":
+            row = conn.execute(
+                "SELECT metadata FROM sessions WHERE session_id = ?", (op[1],)
+            ).fetchone()
+            if row is not None:
+                metadata = orjson.loads(row[0]) | {"closed": True}
+                conn.execute(
+                    "UPDATE sessions SET metadata = ? WHERE session_id = ?",
+                    (orjson.dumps(metadata), op[1]),
+                )
             return None
         if kind == "delete":
             conn.execute("DELETE FROM completions WHERE session_id = ?", (op[1],))

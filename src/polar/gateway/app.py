@@ -33,7 +33,8 @@ def create_app(
     store = store or CaptureStore(config.capture_db)
     sessions = SessionTable()
     for session_id, metadata in store.sessions().items():
-        sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
+        if not metadata.get("closed"):
+            sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
     gate = GenerationGate()
     proxy = Proxy(config, engine, store, sessions, gate)
 

@@ -111,8 +111,10 @@ class RolloutWork:
             self.exit_code = exc.exit_code
             raise
         finally:
-            # The session's key stops working: the trajectory is built from a closed record.
+            # The session's key stops working, now and after a restart: the trajectory is
+            # built from a closed record.
             self.ctx.sessions.remove(self.session.session_id)
+            await self.ctx.store.close_session(self.session.session_id)
 
     def _harness_context(self, runtime: Runtime) -> HarnessContext:
         agent = self.task.agent

@@ -101,3 +101,21 @@ def test_concurrent_appends_all_commit(tmp_path):
     assert sum(len(store.records(f"s{k}")) for k in range(7)) == 300
     assert sorted(r.seq for r in store.records("s0")) == list(range(len(store.records("s0"))))
     store.close()
+
+
+def test_closed_sessions_stay_closed_after_reopen(tmp_path):
+    from polar.gateway.app import create_app
+    from polar.gateway.config import GatewayConfig
+
+    db = tmp_path / "c.db"
+    store = CaptureStore(db)
+    asyncio.run(store.add_session("open", {}))
+    asyncio.run(store.add_session("done", {"task": "t"}))
+    asyncio.run(store.close_session("done"))
+    assert store.sessions()["done"] == {"task": "t", "closed": True}
+    store.close()
+    app = create_app(
+        GatewayConfig(capture_db=db, engine={"kind": "vllm", "base_url": "http://127.0.0.1:9"})
+    )
+    assert [s.session_id for s in app.state.sessions.all()] == ["open"]
+    app.state.store.close()
