@@ -113,6 +113,8 @@ def optional_number(body: Mapping[str, Any], key: str, kind: type = float) -> An
     if kind is int:
         if value != int(value):
             raise InvalidRequest(f"{key} must be an integer")
+        if not -(2**63) <= value < 2**63:
+            raise InvalidRequest(f"{key} is out of range")
         return int(value)
     return float(value)
 

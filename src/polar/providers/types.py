@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.errors import InvalidRequest
+
 Message = dict[str, Any]
 Tool = dict[str, Any]
 
@@ -27,6 +29,17 @@ class SamplingParams:
     top_k: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Checked once here so every adapter rejects impossible values with a clear 400.
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequest("the output token limit must be at least 1")
+        if self.temperature is not None and self.temperature < 0:
+            raise InvalidRequest("temperature must not be negative")
+        if self.top_p is not None and not 0 <= self.top_p <= 1:
+            raise InvalidRequest("top_p must be between 0 and 1")
+        if self.top_k is not None and self.top_k < -1:
+            raise InvalidRequest("top_k must be -1 (off), 0 (off) or positive")
 
     def as_dict(self) -> dict[str, Any]:
         """The parameters that are set, as chat-completions body fields."""

@@ -100,6 +100,10 @@ def test_tool_choice_not_sent_without_tools():
         {"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
         {"messages": [{"role": "user", "content": "x"}], "n": 2},
         {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5},
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2**70},
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+        {"messages": [{"role": "user", "content": "x"}], "temperature": -1},
+        {"messages": [{"role": "user", "content": "x"}], "top_p": 1.5},
         {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
     ],
 )
