@@ -1,0 +1,1 @@
+"""Bridges from Polar rollouts to external GRPO trainers: TRL, slime, verl."""

@@ -1,0 +1,105 @@
+"""A trainer's client of the rollout server: submit tasks, wait for their results.
+
+Every bridge and the embedded trainer talk to Polar through this one client, over the rollout
+server's public HTTP API, so a trainer in another process (or on another machine) sees exactly
+what an in-process one sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import httpx
+
+from polar.errors import ConfigError
+from polar.schemas.task import TaskRequest, TaskResult
+
+TASK_DONE = "COMPLETED"
+
+
+class RolloutTimeout(TimeoutError):
+    """The rollout server did not finish a task in time."""
+
+
+class RolloutClient:
+    """Synchronous client (trainers call it from their training loop)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        poll_s: float = 0.1,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.poll_s = poll_s
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def submit(self, task: TaskRequest) -> None:
+        reply = self.http.post(
+            "/tasks",
+            content=task.model_dump_json(exclude_unset=True),
+            headers={"content-type": "application/json"},
+        )
+        _check(reply, f"submitting task {task.task_id!r}")
+
+    def result(self, task_id: str) -> TaskResult:
+        reply = self.http.get(f"/tasks/{task_id}")
+        return TaskResult.model_validate(_check(reply, f"reading task {task_id!r}"))
+
+    def wait(self, task_ids: Iterable[str], timeout_s: float) -> dict[str, TaskResult]:
+        """Poll until every task is COMPLETED (all its sessions final); results by task id."""
+        pending = list(task_ids)
+        done: dict[str, TaskResult] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            still = []
+            for task_id in pending:
+                result = self.result(task_id)
+                if result.status == TASK_DONE:
+                    done[task_id] = result
+                else:
+                    still.append(task_id)
+            pending = still
+            if pending:
+                if time.monotonic() > deadline:
+                    raise RolloutTimeout(
+                        f"{len(pending)} task(s) unfinished after {timeout_s:.0f}s: "
+                        + ", ".join(pending[:5])
+                    )
+                time.sleep(self.poll_s)
+        return done
+
+    def run(self, tasks: Sequence[TaskRequest], timeout_s: float) -> list[TaskResult]:
+        """Submit ``tasks`` and wait for all of them; results in submission order."""
+        for task in tasks:
+            self.submit(task)
+        done = self.wait([t.task_id for t in tasks], timeout_s)
+        return [done[t.task_id] for t in tasks]
+
+    def node_urls(self) -> list[str]:
+        """The registered, live gateway nodes (for pausing them around weight updates)."""
+        nodes = _check(self.http.get("/nodes"), "listing nodes")
+        return [n["url"] for n in nodes if n.get("url") and not n.get("dead")]
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check(reply: httpx.Response, doing: str) -> Any:
+    if reply.is_error:
+        raise ConfigError(f"rollout server answered HTTP {reply.status_code} {doing}: {reply.text}")
+    return reply.json()

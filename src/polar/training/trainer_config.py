@@ -1,0 +1,103 @@
+"""The embedded trainer's YAML (``polar train CONFIG``): model, tasks, sampling, optimisation.
+
+Strict like every Polar config: an unknown key is an error naming where it sits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polar.errors import ConfigError
+from polar.rollout.config import explain
+from polar.training.config import AlgorithmConfig
+
+
+class TaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field("arithmetic", description="A bundled task source or module:function.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the task source."
+    )
+    per_step: int = Field(4, ge=1, description="Tasks (GRPO groups) per training step.")
+    num_samples: int = Field(4, ge=1, description="Sessions per task: the group size.")
+    timeout_s: float = Field(600.0, gt=0, description="Wait at most this long for a step's tasks.")
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: int = Field(0, ge=0, description="Held-out tasks per evaluation; 0 turns it off.")
+    num_samples: int = Field(1, ge=1)
+    every: int = Field(0, ge=0, description="Also every N steps (0: only before and after).")
+    temperature: float | None = Field(
+        None, ge=0, description="Sampling temperature for evaluation (default: the training one)."
+    )
+
+
+class SamplingConfig(BaseModel):
+    """What the gateway imposes on rollouts (the agent may ask for a temperature in eval)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="Must stay 1 for training.")
+    max_tokens: int = Field(64, gt=0)
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0)
+    epochs: int = Field(1, ge=1, description="Passes over each step's batch.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+    micro_batch_size: int = Field(8, ge=1, description="Traces per forward/backward.")
+
+
+class CheckpointConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(10, ge=0, description="Save every N steps (0: only at the end).")
+    keep: int = Field(2, ge=1, description="Most recent checkpoints kept.")
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("smollm2", description="smollm2, tiny, an HF checkpoint dir or a .gguf.")
+    dtype: str = "float32"
+    seed: int = 0
+    steps: int = Field(30, ge=0)
+    output_dir: Path = Path("polar-train")
+    runtime: str | None = Field(
+        None, description="Runtime kind for tasks that name none (local, bubblewrap, ...)."
+    )
+    run_workers: int = Field(8, ge=1, description="Sessions running at once on the node.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads.")
+    tensorboard: bool = True
+    tasks: TaskConfig = Field(default_factory=TaskConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read training config {path}: {exc}") from exc
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(
+                f"invalid training config {path}:\n{explain(exc, TrainConfig)}"
+            ) from exc
