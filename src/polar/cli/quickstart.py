@@ -1,0 +1,165 @@
+"""``polar quickstart``: real rollouts end to end on a laptop (see docs/quickstart.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polar.errors import HarnessError, RuntimeStartError
+from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
+from polar.quickstart.run import QuickstartOptions, run_quickstart
+from polar.quickstart.summary import summary_table
+
+_DEFAULTS = QuickstartOptions()
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "quickstart",
+        help="run a real harness on toy tasks against a real model, end to end, on this machine",
+        description=(
+            "Start the embedded engine (SmolLM2-135M-Instruct), a rollout server and a gateway "
+            "node on loopback, run the bundled toy tasks through a real agent harness in a "
+            "sandbox, and write token-faithful trajectories, captures, logs, a summary table "
+            "and an HTML report to a run directory. See docs/quickstart.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    size = p.add_argument_group("run size")
+    size.add_argument(
+        "--tasks", type=_positive_int, default=_DEFAULTS.tasks, metavar="N",
+        help="run the first N tasks of the suite",
+    )  # fmt: skip
+    size.add_argument(
+        "--samples", type=_positive_int, default=_DEFAULTS.samples, metavar="N",
+        help="sessions per task (a GRPO group)",
+    )  # fmt: skip
+    size.add_argument(
+        "--max-turns", type=_positive_int, default=_DEFAULTS.max_turns, metavar="N",
+        help="model turns per session, for harnesses that have a limit (not Pi)",
+    )  # fmt: skip
+    size.add_argument(
+        "--timeout", type=_positive_float, default=_DEFAULTS.timeout_s, metavar="S",
+        help="each session's budget in seconds, from sandbox start to harness exit",
+    )  # fmt: skip
+    size.add_argument(
+        "--max-tokens", type=_positive_int, default=_DEFAULTS.max_tokens, metavar="N",
+        help="output tokens per model call",
+    )  # fmt: skip
+    size.add_argument(
+        "--temperature", type=float, default=_DEFAULTS.temperature, metavar="T",
+        help="sampling temperature, imposed on every call",
+    )  # fmt: skip
+    size.add_argument(
+        "--workers", type=_positive_int, default=None, metavar="N",
+        help="sessions at once (default: all of them, up to 16)",
+    )  # fmt: skip
+    size.add_argument(
+        "--suite", type=Path, default=None, metavar="FILE",
+        help="a task suite YAML of your own (default: the bundled one)",
+    )  # fmt: skip
+
+    agent = p.add_argument_group("harness and sandbox")
+    agent.add_argument(
+        "--harness", default=DEFAULT_HARNESS, metavar="NAME",
+        help=f"a preset (pi, opencode, codex, qwen_code, gemini_cli, claude_code) or {AGENT!r}, "
+        "the bundled Python agent",
+    )  # fmt: skip
+    agent.add_argument(
+        "--stock-prompt", action="store_true",
+        help="run Pi with its own system prompt and four tools (~1.5k tokens; the quickstart "
+        "trims them to ~0.4k for a small model on a CPU)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--runtime", default=None, metavar="KIND",
+        help="bubblewrap or local (default: bubblewrap when it can sandbox here, else local)",
+    )  # fmt: skip
+
+    engine = p.add_argument_group("engine")
+    engine.add_argument(
+        "--model", default=_DEFAULTS.model, metavar="SRC",
+        help="embedded model: smollm2, tiny (a random 2-layer test model), an HF dir or a .gguf",
+    )  # fmt: skip
+    engine.add_argument(
+        "--threads", type=_positive_int, default=None, metavar="N",
+        help="CPU threads of the embedded engine (default: all cores but one)",
+    )  # fmt: skip
+    engine.add_argument(
+        "--engine-url", default=None, metavar="URL",
+        help="a vLLM or SGLang server to use instead of the embedded engine",
+    )  # fmt: skip
+    engine.add_argument("--engine-kind", default=_DEFAULTS.engine_kind, choices=("vllm", "sglang"))
+    engine.add_argument(
+        "--served-model", default=None, metavar="NAME",
+        help="the model to ask the --engine-url server for (default: the first it lists)",
+    )  # fmt: skip
+    engine.add_argument(
+        "--tokenizer", default=None, metavar="DIR",
+        help="the served model's tokenizer, for token text in the report (with --engine-url)",
+    )  # fmt: skip
+
+    p.add_argument(
+        "--out", type=Path, default=None, metavar="DIR",
+        help="run directory (default: polar-runs/quickstart-<time>)",
+    )  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = QuickstartOptions(
+        tasks=args.tasks,
+        samples=args.samples,
+        max_turns=args.max_turns,
+        timeout_s=args.timeout,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        harness=args.harness,
+        runtime=args.runtime,
+        model=args.model,
+        engine_url=args.engine_url,
+        engine_kind=args.engine_kind,
+        served_model=args.served_model,
+        tokenizer=args.tokenizer,
+        suite=args.suite,
+        out=args.out,
+        workers=args.workers,
+        stock_prompt=args.stock_prompt,
+        threads=args.threads,
+    )
+    console = Console(width=max(Console().width, 100))
+    _quiet_model_loading()
+    try:
+        outcome = run_quickstart(options, console)
+    except (HarnessError, RuntimeStartError) as exc:
+        console.print(f"polar: error: {exc}", markup=False)
+        return 1
+    console.print(summary_table(outcome.summary))
+    console.print(f"run directory  {outcome.run_dir}")
+    console.print(f"HTML report    {outcome.report}")
+    if outcome.interrupted:
+        return 130
+    return 0 if outcome.summary.total.traces else 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _quiet_model_loading() -> None:
+    """The live view says what is happening; transformers' own progress bars would garble it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

@@ -1,0 +1,1 @@
+"""``polar quickstart``: the whole of Polar on a laptop, in one command (see docs/quickstart.md)."""

@@ -1,0 +1,247 @@
+"""What a quickstart run is made of on this machine: runtime, harness and engine.
+
+Each choice degrades gracefully and says so: bubblewrap falls back to a local process when it
+is missing or cannot sandbox here, Pi falls back to the bundled Python agent when npm is
+missing, and the engine is the embedded one unless a vLLM/SGLang URL is given.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar.engines.base import Engine
+from polar.engines.registry import EngineConfig, create_engine
+from polar.errors import ConfigError, HarnessError
+from polar.harnesses.install import default_prefix, install, installed_names
+from polar.harnesses.registry import CLI_PRESETS
+from polar.schemas.task import AgentSpec, RuntimeSpec
+
+AGENT = "agent"
+"""The name ``--harness`` takes for the bundled minimal Python agent."""
+AGENT_PATH = Path(__file__).with_name("agent.py").absolute()
+DEFAULT_HARNESS = "pi"
+# Pi's own system prompt and four tools come to ~1.5k SmolLM2 tokens; on a CPU every prompt
+# token costs, so the quickstart runs Pi with a one-line prompt and the two tools the suite
+# needs (~0.4k tokens). ``stock_prompt`` keeps Pi as it ships.
+PI_COMPACT = {
+    "tools": ["bash", "write"],
+    "extra_args": [
+        "--system-prompt",
+        "You are a coding agent. Use the tools to work on files in the current directory.",
+    ],
+}
+# Presets whose CLI has a turn limit, and the setting that sets it.
+MAX_TURNS_SETTING = {
+    "claude_code": "max_turns",
+    "gemini_cli": "max_turns",
+    "qwen_code": "max_turns",
+}
+_PROBE_TIMEOUT_S = 20.0
+_TRIAL_SANDBOX = [
+    *("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"),
+    *("--unshare-pid", "--unshare-net", "--die-with-parent", "true"),
+]
+# Presets light enough for the embedded engine (SmolLM2's 8k context, a CPU).
+LIGHT_HARNESSES = (DEFAULT_HARNESS, AGENT)
+
+Echo = Callable[[str], None]
+
+
+# -- runtime ---------------------------------------------------------------------------------
+
+
+def choose_runtime(requested: str | None, warn: Echo) -> str:
+    """``requested`` as is; by default bubblewrap when it can sandbox here, else local."""
+    if requested:
+        return requested
+    problem = bubblewrap_problem()
+    if problem is None:
+        return "bubblewrap"
+    warn(
+        f"bubblewrap unavailable ({problem}): running harnesses as plain local processes, "
+        "without a sandbox. Install it with: apt-get install -y bubblewrap"
+    )
+    return "local"
+
+
+def bubblewrap_problem(bwrap: str = "bwrap") -> str | None:
+    """Why bubblewrap cannot sandbox here, or None when a trial sandbox works."""
+    if shutil.which(bwrap) is None:
+        return f"{bwrap} not found"
+    argv = [bwrap, *_TRIAL_SANDBOX]
+    try:
+        probe = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"trial sandbox failed: {exc}"
+    if probe.returncode != 0:
+        return f"trial sandbox failed: {probe.stderr.strip()[-200:] or probe.returncode}"
+    return None
+
+
+def runtime_spec(kind: str, binds: list[str]) -> RuntimeSpec:
+    """The sandbox every session gets; read-only binds carry the harness in (bubblewrap)."""
+    options: dict[str, Any] = {"ro_binds": binds} if kind == "bubblewrap" and binds else {}
+    return RuntimeSpec(kind=kind, network="gateway", options=options)
+
+
+# -- harness ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HarnessPlan:
+    """The harness a run uses: its AgentSpec, what the sandbox must see, and caveats."""
+
+    name: str
+    agent: AgentSpec
+    binds: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def choose_harness(
+    requested: str, *, max_turns: int, model_name: str, stock_prompt: bool, echo: Echo
+) -> HarnessPlan:
+    """The plan for ``requested`` (a preset or ``agent``), installing its CLI if needed.
+
+    Pi without npm to install it falls back to the bundled agent, with a warning; any other
+    preset without its CLI is an error, since the user asked for that harness by name.
+    """
+    if requested == AGENT:
+        return agent_plan(max_turns, model_name)
+    if requested not in CLI_PRESETS:
+        known = ", ".join((*CLI_PRESETS, AGENT))
+        raise ConfigError(f"unknown quickstart harness {requested!r} (known: {known})")
+    prefix = default_prefix()
+    if requested not in installed_names(prefix):
+        if shutil.which("npm") is None:
+            if requested != DEFAULT_HARNESS:
+                raise HarnessError(
+                    f"{requested} is not installed and npm is not there to install it"
+                )
+            plan = agent_plan(max_turns, model_name)
+            warning = "npm not found, so Pi cannot be installed: running the bundled Python agent"
+            return HarnessPlan(plan.name, plan.agent, plan.binds, plan.notes, [warning])
+        install([requested], prefix, echo=echo)
+    settings: dict[str, Any] = {}
+    notes = []
+    if requested == "pi" and not stock_prompt:
+        settings.update(PI_COMPACT)
+    if requested in MAX_TURNS_SETTING:
+        settings[MAX_TURNS_SETTING[requested]] = max_turns
+    else:
+        notes.append(f"{requested} has no turn limit: --timeout bounds its sessions")
+    agent = AgentSpec(harness=requested, model_name=model_name, settings=settings)
+    return HarnessPlan(requested, agent, [str(prefix)], notes)
+
+
+def agent_plan(max_turns: int, model_name: str) -> HarnessPlan:
+    """The bundled agent, run by the ``shell`` preset from its (read-only bound) source file."""
+    command = f"python3 {shlex.quote(str(AGENT_PATH))} --max-turns {max_turns} {{instruction}}"
+    agent = AgentSpec(harness="shell", model_name=model_name, settings={"command": command})
+    return HarnessPlan(AGENT, agent, [str(AGENT_PATH)])
+
+
+# -- engine ----------------------------------------------------------------------------------
+
+
+@dataclass
+class EngineHandle:
+    """An engine ready for the gateway, with what the run reports about it."""
+
+    engine: Engine
+    config: EngineConfig
+    label: str
+    served_model: str | None
+    context_window: int | None
+    tokenizer: Any
+    policy_version: int = 0
+    close: Callable[[], None] = lambda: None
+
+
+def open_engine(
+    *,
+    model: str,
+    engine_url: str | None,
+    engine_kind: str,
+    served_model: str | None,
+    tokenizer: str | None,
+    threads: int | None = None,
+    batch: int = 8,
+) -> EngineHandle:
+    """The embedded engine serving ``model`` (decoding up to ``batch`` requests at once), or a
+    client of the server at ``engine_url``."""
+    if engine_url:
+        return _remote_engine(engine_url, engine_kind, served_model, tokenizer)
+    import torch
+
+    from polar.engines.embedded.client import EmbeddedEngine
+    from polar.engines.embedded.core import EmbeddedEngineCore
+
+    torch.set_num_threads(threads or engine_threads())
+    core = EmbeddedEngineCore.from_source(model, max_active=batch)
+    return EngineHandle(
+        engine=EmbeddedEngine(core),
+        config=EngineConfig(kind="embedded", options={"model": model}),
+        label="embedded",
+        served_model=core.model_name,
+        context_window=core.max_model_len,
+        tokenizer=core.tokenizer,
+        policy_version=core.policy_version,
+        close=core.close,
+    )
+
+
+def engine_threads() -> int:
+    """Every core but one for the embedded engine's matrix work.
+
+    The run's harnesses, sandboxes and servers need a core too: with one torch thread per core
+    they preempt torch's spinning workers, and a decode step waits on the slowest of them.
+    Measured on 2 busy cores, the default run took 52 s with one thread and timed out sessions
+    at 191 s with two.
+    """
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return max(1, (available or os.cpu_count() or 2) - 1)
+
+
+def _remote_engine(
+    url: str, kind: str, served_model: str | None, tokenizer_path: str | None
+) -> EngineHandle:
+    url = url.rstrip("/").removesuffix("/v1")
+    config = EngineConfig(kind=kind, base_url=url)
+    listed = _served_models(url)
+    name = served_model or (listed[0]["id"] if listed else None)
+    if name is None:
+        raise ConfigError(f"{url}/v1/models lists no model: pass --served-model")
+    context = next((m.get("max_model_len") for m in listed if m.get("id") == name), None)
+    tokenizer = None
+    if tokenizer_path:
+        from polar.engines.model_files import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_path)
+    return EngineHandle(
+        engine=create_engine(config),
+        config=config,
+        label=f"{kind} at {url}",
+        served_model=name,
+        context_window=int(context) if context else None,
+        tokenizer=tokenizer,
+    )
+
+
+def _served_models(url: str) -> list[dict[str, Any]]:
+    try:
+        reply = httpx.get(f"{url}/v1/models", timeout=10)
+        reply.raise_for_status()
+        data = reply.json().get("data") or []
+    except (httpx.HTTPError, ValueError) as exc:
+        raise ConfigError(f"cannot list the models of the engine at {url}: {exc}") from exc
+    return [m for m in data if isinstance(m, dict) and m.get("id")]

@@ -1,0 +1,279 @@
+"""``polar quickstart``: real rollouts end to end, in one process, on a laptop.
+
+One command starts the engine (embedded SmolLM2 by default), a rollout server and one gateway
+node on loopback ports of their own choosing, submits the bundled toy suite (each task
+``samples`` times, sandboxed by bubblewrap, prefix-merged, scored by the task's check),
+shows progress live, and shuts everything down on completion or Ctrl-C. What the run produced
+is written to its directory (see :mod:`polar.quickstart.outputs`), summarized in a table and
+drawn in a static HTML report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+from polar.gateway.config import SamplingPolicy
+from polar.quickstart.outputs import read_captures, write_outputs
+from polar.quickstart.plan import (
+    DEFAULT_HARNESS,
+    LIGHT_HARNESSES,
+    EngineHandle,
+    HarnessPlan,
+    choose_harness,
+    choose_runtime,
+    open_engine,
+)
+from polar.quickstart.plan import runtime_spec as make_runtime_spec
+from polar.quickstart.progress import RunProgress
+from polar.quickstart.report import write_report
+from polar.quickstart.stack import LocalStack
+from polar.quickstart.summary import RunSummary, summarize
+from polar.quickstart.tasks import load_suite, task_request
+from polar.schemas.task import SessionResult, TaskRequest
+from polar.training.rollout_client import RolloutClient
+
+SUMMARY_JSON = "summary.json"
+REPORT_HTML = "report.html"
+# Beyond the sessions' own budgets: model load, start-up, post-run and shutdown.
+_DEADLINE_SLACK_S = 120.0
+DEFAULT_MAX_WORKERS = 16
+
+
+@dataclass(frozen=True)
+class QuickstartOptions:
+    """The run's size, harness, engine and output place; the defaults fit 5 minutes on 2 cores."""
+
+    tasks: int = 3
+    samples: int = 4
+    max_turns: int = 4
+    timeout_s: float = 180.0
+    max_tokens: int = 128
+    temperature: float = 0.7
+    harness: str = DEFAULT_HARNESS
+    runtime: str | None = None
+    model: str = "smollm2"
+    engine_url: str | None = None
+    engine_kind: str = "vllm"
+    served_model: str | None = None
+    tokenizer: str | None = None
+    suite: Path | None = None
+    out: Path | None = None
+    workers: int | None = None
+    stock_prompt: bool = False
+    threads: int | None = None
+
+    def concurrency(self, sessions: int) -> int:
+        """Sessions at once: all of a small run, so the engine decodes them as one batch and
+        the whole run ends within one session budget."""
+        return self.workers or min(sessions, DEFAULT_MAX_WORKERS)
+
+
+@dataclass(frozen=True)
+class QuickstartRun:
+    run_dir: Path
+    summary: RunSummary
+    results: list[SessionResult]
+    report: Path
+    interrupted: bool
+
+
+def default_run_dir() -> Path:
+    return Path("polar-runs") / datetime.now().strftime("quickstart-%Y%m%d-%H%M%S")
+
+
+def run_quickstart(options: QuickstartOptions, console: Console) -> QuickstartRun:
+    """Run the suite and write the run directory; Ctrl-C ends it early but still writes it."""
+    started = time.monotonic()
+    suite = load_suite(options.suite)[: max(options.tasks, 1)]
+    run_dir = (options.out or default_run_dir()).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setup = _set_up(options, len(suite) * options.samples, console)
+    try:
+        requests = [
+            task_request(
+                task,
+                agent=setup.harness.agent,
+                runtime=make_runtime_spec(setup.runtime, setup.harness.binds),
+                num_samples=options.samples,
+                timeout_s=options.timeout_s,
+                run_id=run_dir.name,
+            )
+            for task in suite
+        ]
+        console.print(
+            f"[bold]Polar quickstart[/]: {len(suite)} tasks × {options.samples} samples · "
+            f"harness {setup.harness.name} · runtime {setup.runtime} · engine "
+            f"{setup.engine.label} · model {setup.engine.served_model}"
+        )
+        results, interrupted = _roll_out(options, setup, requests, run_dir, console)
+    finally:
+        setup.engine.close()
+        _reap_strays(console)
+    captures = read_captures(run_dir, [r.session_id for r in results])
+    write_outputs(run_dir, results, captures)
+    facts = {
+        "tasks": len(suite),
+        "samples": options.samples,
+        "harness": setup.harness.name,
+        "runtime": setup.runtime,
+        "engine": setup.engine.label,
+        "model": setup.engine.served_model,
+        "max_tokens": options.max_tokens,
+        "temperature": options.temperature,
+        "timeout_s": options.timeout_s,
+        "max_turns": options.max_turns,
+        "run_dir": str(run_dir),
+        "interrupted": interrupted,
+    }
+    summary = summarize(
+        results,
+        {sid: len(records) for sid, records in captures.items()},
+        wall_s=time.monotonic() - started,
+        facts=facts,
+    )
+    (run_dir / SUMMARY_JSON).write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+    tokenizer = setup.engine.tokenizer
+    report = write_report(run_dir / REPORT_HTML, summary, results, tokenizer=tokenizer)
+    return QuickstartRun(run_dir, summary, results, report, interrupted)
+
+
+@dataclass
+class _Setup:
+    runtime: str
+    workers: int
+    engine: EngineHandle
+    harness: HarnessPlan
+
+
+def _set_up(options: QuickstartOptions, sessions: int, console: Console) -> _Setup:
+    """Choose the runtime, load the engine, make sure the harness is installed."""
+
+    def warn(text: str) -> None:
+        console.print(f"[yellow]warning:[/] {text}")
+
+    runtime = choose_runtime(options.runtime, warn)
+    workers = options.concurrency(sessions)
+    with console.status("loading the model ..." if not options.engine_url else "engine ..."):
+        engine = open_engine(
+            model=options.model,
+            engine_url=options.engine_url,
+            engine_kind=options.engine_kind,
+            served_model=options.served_model,
+            tokenizer=options.tokenizer,
+            threads=options.threads,
+            batch=max(workers, 8),
+        )
+    try:
+        harness = choose_harness(
+            options.harness,
+            max_turns=options.max_turns,
+            model_name=engine.served_model or "polar",
+            stock_prompt=options.stock_prompt,
+            echo=lambda line: console.print(f"  {line}", markup=False),
+        )
+    except BaseException:
+        engine.close()
+        raise
+    if not options.engine_url and harness.name not in LIGHT_HARNESSES:
+        warn(
+            f"{harness.name}'s prompt is many thousand tokens: slow on a CPU, and over "
+            "SmolLM2's 8k context for some presets; --engine-url with a larger model fits better"
+        )
+    for text in harness.warnings:
+        warn(text)
+    for text in harness.notes:
+        console.print(f"[dim]note: {text}[/]")
+    return _Setup(runtime, workers, engine, harness)
+
+
+def _roll_out(
+    options: QuickstartOptions,
+    setup: _Setup,
+    requests: list[TaskRequest],
+    run_dir: Path,
+    console: Console,
+) -> tuple[list[SessionResult], bool]:
+    """Start the stack, submit, watch; stop everything. Returns the results and whether the
+    run was interrupted."""
+    engine = setup.engine
+    stack = LocalStack(
+        engine.engine,
+        run_dir,
+        engine_config=engine.config,
+        served_model=engine.served_model,
+        context_window=engine.context_window,
+        policy_version=engine.policy_version,
+        sampling=SamplingPolicy(temperature=options.temperature, max_tokens=options.max_tokens),
+        runtime=setup.runtime,
+        run_workers=setup.workers,
+        # A session's budget starts with its runtime: start it only when a run slot is free,
+        # so sessions queued behind the first wave do not time out waiting.
+        ready_buffer=0,
+    )
+    interrupted = False
+    try:
+        stack.start()
+        console.print(f"rollout server {stack.rollout_url} · gateway node {stack.gateway_url}")
+        with RolloutClient(stack.rollout_url) as client:
+            for request in requests:
+                client.submit(request)
+            task_ids = [r.task_id for r in requests]
+            progress = RunProgress(stack.rollout_url, stack.store, task_ids, console)
+            try:
+                last = progress.watch(_deadline_s(options, len(requests)))
+                if not last.all_done:
+                    console.print("[yellow]warning:[/] the run's deadline passed; stopping")
+            except KeyboardInterrupt:
+                interrupted = True
+                console.print("[yellow]interrupted:[/] cancelling the running sessions ...")
+            # Engine calls still running (for sessions that timed out or were cancelled) end
+            # now; the gateway's shutdown then cancels unfinished sessions and reports them.
+            engine.close()
+            stack.stop_gateway()
+            results = [r for t in task_ids for r in _sorted(client.result(t).results)]
+    finally:
+        stack.stop()
+    return results, interrupted
+
+
+def _reap_strays(console: Console) -> None:
+    """The last line of the promise to leave no process behind: kill any child process that
+    outlived the stack (a sandbox whose runtime failed to stop it), and say so."""
+    strays = psutil.Process().children(recursive=True)
+    if not strays:
+        return
+    for proc in strays:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(strays, timeout=5)
+    console.print(
+        f"[yellow]warning:[/] killed {len(strays)} process(es) left behind: "
+        + ", ".join(_describe(p) for p in strays[:5])
+    )
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:80]}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def _deadline_s(options: QuickstartOptions, tasks: int) -> float:
+    """A bound on the whole run: every wave of sessions spending its full budget, plus slack."""
+    sessions = tasks * options.samples
+    waves = math.ceil(sessions / options.concurrency(sessions))
+    return waves * options.timeout_s + _DEADLINE_SLACK_S
+
+
+def _sorted(results: list[SessionResult]) -> list[SessionResult]:
+    return sorted(results, key=lambda r: int(r.metadata.get("sample_index", 0)))

@@ -1,0 +1,177 @@
+"""Polar in one process: a rollout server and one gateway node in front of any engine.
+
+Both servers listen on loopback ports picked at start, because harnesses run as separate
+processes (in a sandbox) and reach the gateway over HTTP as they would in production. The
+engine is whatever :class:`~polar.engines.base.Engine` the caller hands in: the embedded one
+(in process, no socket) or a client of a vLLM/SGLang server.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar.capture.store import CaptureStore
+from polar.engines.base import Engine
+from polar.engines.registry import EngineConfig
+from polar.gateway.app import create_app as create_gateway_app
+from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
+from polar.gateway.server import BackgroundServer
+from polar.rollout.app import create_rollout_app
+from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology, TopologyDefaults
+
+NODE_ID = "local"
+
+
+class LocalStack:
+    """Start with :meth:`start`, stop with :meth:`stop` (or use it as a context manager).
+
+    ``work_dir`` receives the rollout state (``rollout/``), the capture store
+    (``captures.db``) and one directory per session (``sessions/<id>``). ``ready_buffer`` is
+    the node's (default: one prepared runtime per run slot; 0 starts a session's runtime, and
+    so its time budget, only when a run slot is free).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        work_dir: str | Path,
+        *,
+        engine_config: EngineConfig,
+        served_model: str | None = None,
+        context_window: int | None = None,
+        policy_version: int = 0,
+        sampling: SamplingPolicy | None = None,
+        runtime: str | None = None,
+        run_workers: int = 4,
+        init_workers: int = 2,
+        ready_buffer: int | None = None,
+        admin_token: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.work_dir = Path(work_dir)
+        self.engine_config = engine_config
+        self.served_model = served_model
+        self.context_window = context_window
+        self.policy_version = policy_version
+        self.sampling = sampling or SamplingPolicy()
+        self.runtime = runtime
+        self.run_workers = run_workers
+        self.init_workers = init_workers
+        self.ready_buffer = run_workers if ready_buffer is None else ready_buffer
+        self.admin_token = admin_token
+        self.rollout: BackgroundServer | None = None
+        self.gateway: BackgroundServer | None = None
+        self.gateway_app: Any = None
+
+    @property
+    def rollout_url(self) -> str:
+        assert self.rollout is not None, "stack not started"
+        return self.rollout.url
+
+    @property
+    def gateway_url(self) -> str:
+        assert self.gateway is not None, "stack not started"
+        return self.gateway.url
+
+    @property
+    def capture_db(self) -> Path:
+        return self.work_dir / "captures.db"
+
+    @property
+    def store(self) -> CaptureStore:
+        """The gateway's capture store (read it while the stack runs)."""
+        assert self.gateway_app is not None, "stack not started"
+        store: CaptureStore = self.gateway_app.state.store
+        return store
+
+    def start(self) -> LocalStack:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_rollout()
+            self._start_gateway()
+            self._wait_for_node()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop_gateway(self) -> None:
+        """Stop the gateway node: unfinished sessions are cancelled, their runtimes killed, and
+        their results still delivered to the rollout server, which keeps running."""
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+
+    def stop(self) -> None:
+        self.stop_gateway()
+        if self.rollout is not None:
+            self.rollout.stop()
+            self.rollout = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start_rollout(self) -> None:
+        config = RolloutServerConfig(
+            port=0,
+            data_dir=self.work_dir / "rollout",
+            admin_token=self.admin_token,
+            dispatch_interval_s=0.02,
+            dispatch_retry=RetryPolicy(initial_s=0.05, max_s=1.0, timeout_s=30.0),
+            callback_retry=RetryPolicy(initial_s=0.1, max_s=1.0, deadline_s=60.0),
+        )
+        topology = Topology(rollout=config, defaults=TopologyDefaults(runtime=self.runtime))
+        self.rollout = BackgroundServer(create_rollout_app(topology)).start()
+
+    def _start_gateway(self) -> None:
+        assert self.rollout is not None
+        # The node registers its own URL, so the port must be known before the app is built.
+        port = _free_port()
+        config = GatewayConfig(
+            port=port,
+            engine=self.engine_config,
+            served_model=self.served_model,
+            sampling=self.sampling,
+            context_window=self.context_window,
+            capture_db=self.capture_db,
+            admin_token=self.admin_token,
+            policy_version=self.policy_version,
+            node=NodeConfig(
+                node_id=NODE_ID,
+                init_workers=self.init_workers,
+                run_workers=self.run_workers,
+                ready_buffer=self.ready_buffer,
+                work_dir=self.work_dir / "sessions",
+                rollout_url=self.rollout.url,
+                rollout_token=self.admin_token,
+                heartbeat_s=0.5,
+            ),
+        )
+        self.gateway_app = create_gateway_app(
+            config, engine=self.engine, store=CaptureStore(self.capture_db)
+        )
+        self.gateway = BackgroundServer(self.gateway_app, port=port).start()
+
+    def _wait_for_node(self, timeout_s: float = 30.0) -> None:
+        headers = {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            nodes = httpx.get(f"{self.rollout_url}/nodes", headers=headers, timeout=5).json()
+            if any(n["healthy"] for n in nodes):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("the gateway node did not register with the rollout server")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

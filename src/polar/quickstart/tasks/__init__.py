@@ -1,0 +1,93 @@
+"""The quickstart's bundled task suite (``suite.yaml``) and the TaskRequests made from it.
+
+A suite task is deliberately tiny: an instruction, a few starting files, and a bash check run
+in the workspace once the agent is done, with the agent's last reply at hand (see
+:mod:`polar.quickstart.tasks.checker`), plus a reference solution or answer that tests use to
+prove the check right. The same
+file format works for a user's own suite (``polar quickstart --suite my.yaml``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polar.errors import ConfigError
+from polar.quickstart.tasks.checker import IMPORT_PATH as CHECKER
+from polar.schemas.task import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
+
+BUNDLED_SUITE = Path(__file__).with_name("suite.yaml")
+CHECK_TIMEOUT_S = 30.0
+
+
+class SuiteTask(BaseModel):
+    """One toy task: what to ask, what the workspace starts with, how to check the result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    instruction: str = Field(min_length=1)
+    files: dict[str, str] = Field(default_factory=dict)
+    check: str = Field(
+        min_length=1,
+        description="bash, run in the workspace with the agent's last reply in $FINAL_ANSWER; "
+        "exit 0 passes.",
+    )
+    solution: str | None = Field(
+        None, description="bash that solves the task (proves the check; never shown to agents)."
+    )
+    answer: str | None = Field(None, description="A right final reply (proves the check).")
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[SuiteTask] = Field(min_length=1)
+
+
+def load_suite(path: str | Path | None = None) -> list[SuiteTask]:
+    """The tasks of ``path`` (default: the bundled suite); a malformed file is a ConfigError."""
+    source = Path(path) if path is not None else BUNDLED_SUITE
+    try:
+        data = yaml.safe_load(source.read_text())
+        tasks = Suite.model_validate(data).tasks
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read task suite {source}: {exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"invalid task suite {source}:\n{exc}") from exc
+    ids = [t.id for t in tasks]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ConfigError(f"task suite {source} repeats task id(s): {', '.join(duplicates)}")
+    return tasks
+
+
+def task_request(
+    task: SuiteTask,
+    *,
+    agent: AgentSpec,
+    runtime: RuntimeSpec,
+    num_samples: int,
+    timeout_s: float,
+    run_id: str,
+) -> TaskRequest:
+    """The TaskRequest for one suite task: prefix-merged trajectories, graded by its check."""
+    runtime = runtime.model_copy(update={"files": {**runtime.files, **task.files}})
+    metadata: dict[str, Any] = {"group_id": f"{run_id}/{task.id}", "suite_task": task.id}
+    return TaskRequest(
+        task_id=task.id,
+        instruction=task.instruction,
+        num_samples=num_samples,
+        timeout_seconds=timeout_s,
+        runtime=runtime,
+        agent=agent,
+        builder=BuilderSpec(strategy="prefix_merging"),
+        evaluator=EvaluatorSpec(
+            strategy=CHECKER,
+            config={"command": task.check, "timeout_s": CHECK_TIMEOUT_S},
+        ),
+        metadata=metadata,
+    )
