@@ -223,12 +223,13 @@ def _roll_out(
     try:
         stack.start()
         console.print(f"rollout server {stack.rollout_url} · gateway node {stack.gateway_url}")
+        submitted: list[str] = []
         with RolloutClient(stack.rollout_url) as client:
-            for request in requests:
-                client.submit(request)
-            task_ids = [r.task_id for r in requests]
-            progress = RunProgress(stack.rollout_url, stack.store, task_ids, console)
             try:
+                for request in requests:
+                    client.submit(request)
+                    submitted.append(request.task_id)
+                progress = RunProgress(stack.rollout_url, stack.store, submitted, console)
                 last = progress.watch(_deadline_s(options, len(requests)))
                 if not last.all_done:
                     console.print("[yellow]warning:[/] the run's deadline passed; stopping")
@@ -239,7 +240,7 @@ def _roll_out(
             # now; the gateway's shutdown then cancels unfinished sessions and reports them.
             engine.close()
             stack.stop_gateway()
-            results = [r for t in task_ids for r in _sorted(client.result(t).results)]
+            results = [r for t in submitted for r in _sorted(client.result(t).results)]
     finally:
         stack.stop()
     return results, interrupted
