@@ -34,7 +34,11 @@ from polar.training.trainer import EmbeddedTrainer
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="arithmetic", help="bundled name or YAML path")
-    parser.add_argument("--runs", type=int, default=2, help="training runs (seeds)")
+    parser.add_argument("--runs", type=int, default=2, help="training runs (seeds 0..N-1)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="exactly these seeds instead")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue runs from their last checkpoint"
+    )
     parser.add_argument("--steps", type=int, help="override steps")
     parser.add_argument("--eval-tasks", type=int, help="override eval.tasks")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -50,7 +54,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for seed in range(args.runs):
+    for seed in args.seeds if args.seeds is not None else range(args.runs):
         update: dict[str, Any] = {
             "seed": seed,
             "output_dir": out / f"seed-{seed}",
@@ -64,7 +68,7 @@ def main() -> None:
             update.update(model="tiny", steps=2)
         config = base.model_copy(update=update)
         if not args.report_only:
-            EmbeddedTrainer(config, echo=print).run(resume=False)
+            EmbeddedTrainer(config, echo=print).run(resume=args.resume)
         runs.append(_run_record(seed, config.output_dir))
         print(json.dumps(runs[-1]["eval"]), flush=True)
     report = _report(base.model_dump(mode="json"), runs)

@@ -109,6 +109,7 @@ def test_two_steps_then_resume(tmp_path: Path) -> None:
     again.run()
     assert again.step == 3 and again.core.policy_version == 3
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    assert [e["step"] for e in read_jsonl(out / "eval.jsonl")] == [0, 2, 3]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step-000002",
         "step-000003",

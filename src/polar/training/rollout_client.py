@@ -17,6 +17,9 @@ from polar.errors import ConfigError
 from polar.schemas.task import TaskRequest, TaskResult
 
 TASK_DONE = "COMPLETED"
+# A dropped connection (a keep-alive race, a restart) is retried this often before it counts.
+TRANSPORT_RETRIES = 5
+RETRY_DELAY_S = 0.2
 
 
 class RolloutTimeout(TimeoutError):
@@ -43,15 +46,32 @@ class RolloutClient:
         )
 
     def submit(self, task: TaskRequest) -> None:
-        reply = self.http.post(
-            "/tasks",
-            content=task.model_dump_json(exclude_unset=True),
-            headers={"content-type": "application/json"},
-        )
-        _check(reply, f"submitting task {task.task_id!r}")
+        body = task.model_dump_json(exclude_unset=True)
+        for attempt in range(TRANSPORT_RETRIES + 1):
+            try:
+                reply = self.http.post(
+                    "/tasks", content=body, headers={"content-type": "application/json"}
+                )
+            except httpx.TransportError:
+                if attempt == TRANSPORT_RETRIES:
+                    raise
+                time.sleep(RETRY_DELAY_S * (attempt + 1))
+                continue
+            if reply.status_code == 409 and attempt > 0:
+                return  # an earlier attempt got through before its answer was lost
+            _check(reply, f"submitting task {task.task_id!r}")
+            return
 
     def result(self, task_id: str) -> TaskResult:
-        reply = self.http.get(f"/tasks/{task_id}")
+        for attempt in range(TRANSPORT_RETRIES + 1):
+            try:
+                reply = self.http.get(f"/tasks/{task_id}")
+                break
+            except httpx.TransportError:
+                # e.g. a keep-alive connection the server closed as we reused it
+                if attempt == TRANSPORT_RETRIES:
+                    raise
+                time.sleep(RETRY_DELAY_S * (attempt + 1))
         return TaskResult.model_validate(_check(reply, f"reading task {task_id!r}"))
 
     def wait(self, task_ids: Iterable[str], timeout_s: float) -> dict[str, TaskResult]:

@@ -125,7 +125,7 @@ class EmbeddedTrainer:
             with stack, RolloutClient(stack.rollout_url) as client:
                 control = GatewayControl([stack.gateway_url])
                 try:
-                    if cfg.eval.tasks:
+                    if cfg.eval.tasks and self.step == 0:  # a resumed run has its "before"
                         summary["evals"].append(self.evaluate(client, stack))
                     while self.step < cfg.steps:
                         summary["last"] = self.train_step(client, control)
