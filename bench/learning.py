@@ -131,9 +131,10 @@ def _markdown(report: dict[str, Any]) -> str:
     ]
     for r in report["runs"]:
         ev = r["eval"]
+        before = f"{ev[0]['pass_rate']:.3f}" if ev else "-"
+        after = f"{ev[-1]['pass_rate']:.3f}" if len(ev) > 1 else "-"
         lines.append(
-            f"| seed {r['seed']} | {r['steps']} | {ev[0]['pass_rate']:.3f} | "
-            f"{ev[-1]['pass_rate']:.3f} | {r['mean_step_s']:.0f} | "
+            f"| seed {r['seed']} | {r['steps']} | {before} | {after} | {r['mean_step_s']:.0f} | "
             f"{r['max_logprob_mismatch']:.1e} |"
         )
     lines.append("")

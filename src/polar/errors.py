@@ -70,6 +70,14 @@ class RateLimited(GatewayError):
     kind = "rate_limit"
 
 
+class ClientDisconnected(GatewayError):
+    """The caller hung up before its completion was ready; the engine call was cancelled
+    (HTTP 499, which nobody receives: it only names the outcome in logs)."""
+
+    status = 499
+    kind = "client_disconnected"
+
+
 class EngineError(GatewayError):
     """The inference engine answered with an error or an unusable reply (HTTP 502)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -228,3 +229,21 @@ async def test_side_calls_are_tagged_by_the_sessions_harness(gateway):
     first, second = store.records(key)
     assert first.tags and first.tags[0].startswith("side_call:")
     assert second.tags == []
+
+
+def test_a_caller_hanging_up_cancels_its_engine_call(live_gateway):
+    """A harness that gives up on a call (its own timeout) must not keep the engine busy: the
+    engine call is cancelled, nothing is recorded for it, and the gateway serves on."""
+    session = live_gateway.new_session()
+    url = session.base_urls["openai"] + "/chat/completions"
+    live_gateway.script(ScriptedReply(content="too late", delay_s=1.5))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=CHAT, timeout=httpx.Timeout(5.0, read=0.3))
+    time.sleep(2.5)  # past the reply's delay: a call still running would have finished
+    assert live_gateway.engine_log == []
+    assert live_gateway.records(session.key) == []
+    live_gateway.script(ScriptedReply(content="on time"))
+    reply = httpx.post(url, json=CHAT, timeout=10.0)
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["message"]["content"] == "on time"
+    assert len(live_gateway.records(session.key)) == 1

@@ -13,9 +13,9 @@ import torch
 from polar.capture.store import CaptureStore
 from polar.engines.embedded import EmbeddedEngineCore, load_model
 from polar.gateway.config import SamplingPolicy
+from polar.rollout.local import LocalStack
 from polar.schemas.task import TaskRequest
 from polar.training.bridges.trl import PolarRolloutFunc, polar_reward, task_from_template
-from polar.training.stack import LocalStack
 from polar.training.tasks import ONE_CALL_AGENT
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ ODD_LENGTH = "python3 -c \"import sys; sys.exit(len(open('answer.txt').read()) %
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[EmbeddedEngineCore, LocalStack]]:
     core = EmbeddedEngineCore(load_model("tiny"))
-    stack = LocalStack(
+    stack = LocalStack.embedded(
         core, tmp_path / "polar", sampling=SamplingPolicy(max_tokens=6), runtime="local"
     ).start()
     yield core, stack

@@ -6,6 +6,7 @@ committed to the capture store before its reply leaves, so nothing a harness saw
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
@@ -20,6 +22,7 @@ from polar.engines.base import Engine
 from polar.engines.types import EngineResult
 from polar.errors import (
     AuthenticationFailed,
+    ClientDisconnected,
     GatewayError,
     InvalidRequest,
     NotFound,
@@ -43,6 +46,12 @@ log = logging.getLogger("polar.gateway")
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _BARE_PATHS = {"", "/", "/v1", "/v1/", "/v1beta", "/v1beta/"}
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client disconnects (the request body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -102,7 +111,7 @@ class Proxy:
             if operation == COUNT_TOKENS:
                 count = await self.engine.count_tokens(normalized)
                 return json_response(provider.render_token_count(count))
-            return await self._generate(provider, session, normalized, body)
+            return await self._generate(provider, session, normalized, body, request.receive)
         except GatewayError as err:
             return self._error(provider, err)
         except Exception as exc:  # a bug must still answer in the caller's shape
@@ -142,7 +151,12 @@ class Proxy:
         raise AuthenticationFailed("unknown session key")
 
     async def _generate(
-        self, provider: Provider, session: GatewaySession, normalized: NormalizedRequest, body: Any
+        self,
+        provider: Provider,
+        session: GatewaySession,
+        normalized: NormalizedRequest,
+        body: Any,
+        receive: Receive,
     ) -> Response:
         started = time.time()
         flags = apply_policy(normalized, self.config)
@@ -151,7 +165,7 @@ class Proxy:
                 prompt_tokens = await self.engine.count_tokens(normalized)
                 if clamp_to_context(normalized, prompt_tokens, self.config.context_window):
                     flags.append("max_tokens_clamped_to_context")
-            result = await self.engine.complete(normalized)
+            result = await self._complete(normalized, receive)
             version = (
                 result.policy_version if result.policy_version is not None else self.policy_version
             )
@@ -163,6 +177,26 @@ class Proxy:
             frames = provider.render_stream(completion, normalized)
             return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
         return json_response(provider.render_response(completion, normalized))
+
+    async def _complete(self, normalized: NormalizedRequest, receive: Receive) -> EngineResult:
+        """The engine's result, unless the caller hangs up first: then the engine call is
+        cancelled (vLLM and SGLang abort a request whose connection closes, the embedded engine
+        drops it), so a harness that gave up on a call stops costing engine time. Nothing is
+        lost: a completion nobody received is not part of any trajectory."""
+        call = asyncio.ensure_future(self.engine.complete(normalized))
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if not call.done():
+            call.cancel()
+            log.info("caller disconnected; engine call cancelled")
+            raise ClientDisconnected("the caller disconnected before the completion was ready")
+        return call.result()
 
     def _record(
         self,

@@ -35,9 +35,9 @@ from polar.quickstart.plan import (
 from polar.quickstart.plan import runtime_spec as make_runtime_spec
 from polar.quickstart.progress import RunProgress
 from polar.quickstart.report import write_report
-from polar.quickstart.stack import LocalStack
 from polar.quickstart.summary import RunSummary, summarize
 from polar.quickstart.tasks import load_suite, task_request
+from polar.rollout.local import LocalStack
 from polar.schemas.task import SessionResult, TaskRequest
 from polar.training.rollout_client import RolloutClient
 

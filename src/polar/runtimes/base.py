@@ -32,7 +32,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from polar.errors import ConfigError, RuntimeStartError
 from polar.schemas.task import RuntimeSpec
@@ -427,10 +427,18 @@ class Runtime(ABC):
             await asyncio.shield(self._kill(exec_id, proc))
             raise
         finally:
-            readers.cancel()
-            feeder.cancel()
+            for task in (readers, feeder):
+                task.cancel()
+                # a pipe error after the process ended is not this exec's result: retrieve it
+                # so asyncio does not report it as "never retrieved"
+                task.add_done_callback(_retrieve)
             self._running.pop(exec_id, None)
         return ExecResult(code, out.text(), err.text(), time.monotonic() - began, timed_out)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _check_relative(rel: str) -> None:

@@ -35,6 +35,7 @@ import torch
 from polar.engines.embedded import EmbeddedEngineCore, LoadedModel, load_model
 from polar.errors import ConfigError
 from polar.gateway.config import SamplingPolicy
+from polar.rollout.local import LocalStack
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results
 from polar.training.batch import make_batch, response_logprobs
@@ -49,7 +50,6 @@ from polar.training.gateway_control import GatewayControl
 from polar.training.losses import clipped_policy_loss, loss_weights
 from polar.training.metrics import MetricsLog, plot_rewards
 from polar.training.rollout_client import RolloutClient
-from polar.training.stack import LocalStack
 from polar.training.tasks import task_source
 from polar.training.trainer_config import TrainConfig
 
@@ -118,7 +118,7 @@ class EmbeddedTrainer:
             max_tokens=cfg.sampling.max_tokens,
         )
         summary: dict[str, Any] = {"evals": []}
-        stack = LocalStack(
+        stack = LocalStack.embedded(
             self.core, work, sampling=sampling, runtime=cfg.runtime, run_workers=cfg.run_workers
         )
         try:

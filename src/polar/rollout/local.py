@@ -3,7 +3,8 @@
 Both servers listen on loopback ports picked at start, because harnesses run as separate
 processes (in a sandbox) and reach the gateway over HTTP as they would in production. The
 engine is whatever :class:`~polar.engines.base.Engine` the caller hands in: the embedded one
-(in process, no socket) or a client of a vLLM/SGLang server.
+(in process, no socket) or a client of a vLLM/SGLang server. ``polar quickstart`` and the
+embedded trainer (``polar train``) both run on it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -23,6 +24,9 @@ from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
 from polar.gateway.server import BackgroundServer
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology, TopologyDefaults
+
+if TYPE_CHECKING:
+    from polar.engines.embedded import EmbeddedEngineCore
 
 NODE_ID = "local"
 
@@ -68,6 +72,23 @@ class LocalStack:
         self.gateway: BackgroundServer | None = None
         self.gateway_app: Any = None
 
+    @classmethod
+    def embedded(cls, core: EmbeddedEngineCore, work_dir: str | Path, **options: Any) -> LocalStack:
+        """A stack serving ``core``'s model in process: a trainer that updates that model
+        inside ``core.weights_update()`` changes what the next rollout samples, with no weight
+        sync at all."""
+        from polar.engines.embedded.client import EmbeddedEngine  # torch: only when asked for
+
+        return cls(
+            EmbeddedEngine(core),
+            work_dir,
+            engine_config=EngineConfig(kind="embedded"),
+            served_model=core.model_name,
+            context_window=core.max_model_len,
+            policy_version=core.policy_version,
+            **options,
+        )
+
     @property
     def rollout_url(self) -> str:
         assert self.rollout is not None, "stack not started"
@@ -77,6 +98,13 @@ class LocalStack:
     def gateway_url(self) -> str:
         assert self.gateway is not None, "stack not started"
         return self.gateway.url
+
+    @property
+    def sampling_policy(self) -> SamplingPolicy:
+        """The live policy the gateway applies to every call (change it between rollouts)."""
+        assert self.gateway_app is not None, "stack not started"
+        policy: SamplingPolicy = self.gateway_app.state.config.sampling
+        return policy
 
     @property
     def capture_db(self) -> Path:
