@@ -363,7 +363,8 @@ class Lifecycle:
     # -- stages ----------------------------------------------------------------------------
 
     async def _init(self, session: NodeSession) -> bool:
-        """INIT, with the session's budget starting now; False sends it to post-run."""
+        """INIT, with the session's budget starting now (it pauses in READY); False sends it
+        to post-run."""
         session.deadline = time.monotonic() + session.dispatch.task.timeout_seconds
         session.move(INITIALIZING, SessionStatus.INITIALIZING)
         work = session.work
@@ -378,6 +379,10 @@ class Lifecycle:
     async def _run(self, session: NodeSession) -> None:
         work = session.work
         assert work is not None
+        if session.place == READY and session.deadline is not None:
+            # A prepared runtime waiting for a run slot is the node's queue, not the session's
+            # work: the budget pauses there, so a deep READY buffer never times sessions out.
+            session.deadline += time.monotonic() - session._since
         budget = session.remaining()
         if budget <= 0:
             session.outcome.status = SessionStatus.TIMEOUT

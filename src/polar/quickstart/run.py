@@ -215,9 +215,6 @@ def _roll_out(
         sampling=SamplingPolicy(temperature=options.temperature, max_tokens=options.max_tokens),
         runtime=setup.runtime,
         run_workers=setup.workers,
-        # A session's budget starts with its runtime: start it only when a run slot is free,
-        # so sessions queued behind the first wave do not time out waiting.
-        ready_buffer=0,
     )
     interrupted = False
     try:

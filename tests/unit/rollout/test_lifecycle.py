@@ -193,6 +193,18 @@ async def test_budget_runs_out_in_run_timeout_result_still_post_runs(node_factor
     assert 0.15 < result.timing["total"] < 1.0  # budget counted from INIT
 
 
+async def test_waiting_in_ready_does_not_spend_the_budget(node_factory) -> None:
+    # One run slot, a deep READY buffer: "b" is prepared at once and then waits 0.4 s behind
+    # "a", longer than its whole 0.3 s budget, yet its own 0.1 s of work fits.
+    plans = {"a": Plan(run_s=0.4), "b": Plan(init_s=0.05, run_s=0.1)}
+    node = node_factory(plans, init_workers=2, run_workers=1, ready_buffer=2)
+    node.submit("a")
+    node.submit("b", timeout=0.3)
+    result = await node.result("b")
+    assert result.status == SessionStatus.COMPLETED, result.error
+    assert result.timing["ready_wait"] > 0.3
+
+
 async def test_budget_runs_out_in_init(node_factory) -> None:
     node = node_factory({"a": Plan(init_s=5)})
     node.submit("a", timeout=0.1)
