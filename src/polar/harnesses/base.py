@@ -97,6 +97,19 @@ class HarnessSettings(BaseModel):
             raise ConfigError(f"invalid settings for harness {harness!r}: {problems}") from exc
 
 
+class ConfigFileSettings(HarnessSettings):
+    """Settings of presets that write the CLI's own config file: MCP servers and overrides."""
+
+    mcp_servers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="MCP server entries in the CLI's own config format (Codex: [mcp_servers.NAME] "
+        "tables; Gemini CLI, Qwen Code: mcpServers; opencode: mcp).",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Merged over the generated config file."
+    )
+
+
 class Harness(ABC):
     """One agent CLI: how to launch it against a session, and how to spot its side calls."""
 

@@ -16,10 +16,10 @@ from pydantic import Field
 
 from polar.harnesses.base import (
     API_KEY_VAR,
+    ConfigFileSettings,
     Harness,
     HarnessContext,
     HarnessLaunch,
-    HarnessSettings,
     deep_merge,
 )
 
@@ -28,16 +28,9 @@ _PROVIDER = "polar"
 _FEATURES_OFF = ("plugins", "apps", "remote_plugin", "in_app_updates", "goals")
 
 
-class CodexSettings(HarnessSettings):
+class CodexSettings(ConfigFileSettings):
     reasoning_effort: Literal["minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None, description="model_reasoning_effort."
-    )
-    mcp_servers: dict[str, dict[str, Any]] = Field(
-        default_factory=dict,
-        description="[mcp_servers.NAME] tables as Codex reads them (command, args, env, url).",
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict, description="Merged over the generated config.toml."
     )
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from pydantic import Field
 
 from polar.harnesses.base import (
+    ConfigFileSettings,
     Harness,
     HarnessContext,
     HarnessLaunch,
-    HarnessSettings,
     deep_merge,
     system_text,
 )
@@ -32,14 +32,8 @@ _SIDE_CALL_MARKERS = (
 )
 
 
-class GeminiCliSettings(HarnessSettings):
+class GeminiCliSettings(ConfigFileSettings):
     max_turns: int | None = Field(None, ge=1, description="model.maxSessionTurns.")
-    mcp_servers: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="mcpServers entries as Gemini CLI reads them."
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict, description="Merged over the generated settings.json."
-    )
 
 
 class GeminiCli(Harness):

@@ -18,10 +18,10 @@ from pydantic import Field
 
 from polar.harnesses.base import (
     API_KEY_VAR,
+    ConfigFileSettings,
     Harness,
     HarnessContext,
     HarnessLaunch,
-    HarnessSettings,
     deep_merge,
     system_text,
 )
@@ -37,16 +37,10 @@ _QUIET = {
 _TITLE_MARKER = "You are a title generator"
 
 
-class OpencodeSettings(HarnessSettings):
+class OpencodeSettings(ConfigFileSettings):
     title: str = Field("polar", min_length=1, description="--title (skips the title call).")
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
         None, description="The model's reasoningEffort option (sent as reasoning_effort)."
-    )
-    mcp_servers: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="The config's mcp entries, as opencode reads them."
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict, description="Merged over the generated config."
     )
 
 

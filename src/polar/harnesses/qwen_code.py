@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import Field
 
 from polar.harnesses.base import (
+    ConfigFileSettings,
     Harness,
     HarnessContext,
     HarnessLaunch,
-    HarnessSettings,
     deep_merge,
     system_text,
 )
@@ -26,14 +26,8 @@ from polar.providers.types import NormalizedRequest
 _MEMORY_MARKERS = ("managed memory extraction subagent", "performing a managed memory dream")
 
 
-class QwenCodeSettings(HarnessSettings):
+class QwenCodeSettings(ConfigFileSettings):
     max_turns: int | None = Field(None, ge=1, description="--max-session-turns.")
-    mcp_servers: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="mcpServers entries as Qwen Code reads them."
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict, description="Merged over the generated settings.json."
-    )
 
 
 class QwenCode(Harness):
