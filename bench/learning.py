@@ -73,7 +73,10 @@ def main() -> None:
         print(json.dumps(runs[-1]["eval"]), flush=True)
     report = _report(base.model_dump(mode="json"), runs)
     (out / "summary.json").write_text(json.dumps(report, indent=2))
+    plot = _plot(runs, out / "learning.png")
     print(_markdown(report))
+    if plot:
+        print(f"curves: {plot}")
 
 
 def _run_record(seed: int, out: Path) -> dict[str, Any]:
@@ -145,6 +148,41 @@ def _markdown(report: dict[str, Any]) -> str:
         f"gain > 2 x noise: {report['gain_exceeds_2x_noise']}"
     )
     return "\n".join(lines)
+
+
+def _plot(runs: list[dict[str, Any]], path: Path) -> Path | None:
+    """Every run's train reward per step and its held-out pass rate before and after."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (train_ax, eval_ax) = plt.subplots(
+        1, 2, figsize=(10, 4), dpi=120, gridspec_kw={"width_ratios": [3, 1]}
+    )
+    for i, r in enumerate(runs):
+        color = f"C{i}"
+        curve = r["reward_curve"]
+        train_ax.plot(range(1, len(curve) + 1), curve, color=color, label=f"seed {r['seed']}")
+        if r["eval"]:
+            eval_ax.plot(
+                [e["step"] for e in r["eval"]],
+                [e["pass_rate"] for e in r["eval"]],
+                "o-",
+                color=color,
+            )
+    train_ax.set(xlabel="step", ylabel="train reward (mean of the step's sessions)", ylim=(0, 1))
+    eval_ax.set(xlabel="step", ylabel="held-out pass rate", ylim=(0, 1))
+    train_ax.legend(loc="lower right")
+    for ax in (train_ax, eval_ax):
+        ax.grid(alpha=0.3)
+    fig.suptitle("GRPO through Polar: SmolLM2-135M, arithmetic, CPU")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
