@@ -8,7 +8,7 @@ what an in-process one sees.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -74,20 +74,33 @@ class RolloutClient:
                 time.sleep(RETRY_DELAY_S * (attempt + 1))
         return TaskResult.model_validate(_check(reply, f"reading task {task_id!r}"))
 
-    def wait(self, task_ids: Iterable[str], timeout_s: float) -> dict[str, TaskResult]:
-        """Poll until every task is COMPLETED (all its sessions final); results by task id."""
+    def wait(
+        self,
+        task_ids: Iterable[str],
+        timeout_s: float,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, TaskResult]:
+        """Poll until every task is COMPLETED (all its sessions final); results by task id.
+        ``progress`` hears the number of finished sessions whenever it grows."""
         pending = list(task_ids)
         done: dict[str, TaskResult] = {}
         deadline = time.monotonic() + timeout_s
+        reported = 0
         while pending:
             still = []
+            partial = 0
             for task_id in pending:
                 result = self.result(task_id)
                 if result.status == TASK_DONE:
                     done[task_id] = result
                 else:
                     still.append(task_id)
+                    partial += len(result.results)
             pending = still
+            finished = partial + sum(len(r.results) for r in done.values())
+            if progress is not None and finished > reported:
+                reported = finished
+                progress(finished)
             if pending:
                 if time.monotonic() > deadline:
                     raise RolloutTimeout(
@@ -97,11 +110,16 @@ class RolloutClient:
                 time.sleep(self.poll_s)
         return done
 
-    def run(self, tasks: Sequence[TaskRequest], timeout_s: float) -> list[TaskResult]:
+    def run(
+        self,
+        tasks: Sequence[TaskRequest],
+        timeout_s: float,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[TaskResult]:
         """Submit ``tasks`` and wait for all of them; results in submission order."""
         for task in tasks:
             self.submit(task)
-        done = self.wait([t.task_id for t in tasks], timeout_s)
+        done = self.wait([t.task_id for t in tasks], timeout_s, progress)
         return [done[t.task_id] for t in tasks]
 
     def node_urls(self) -> list[str]:

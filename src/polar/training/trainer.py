@@ -196,8 +196,10 @@ class EmbeddedTrainer:
         saved = policy.temperature
         if cfg.eval.temperature is not None:
             policy.temperature = cfg.eval.temperature
+        total = sum(t.num_samples for t in tasks)
         try:
-            results = [r for t in client.run(tasks, cfg.tasks.timeout_s) for r in t.results]
+            done = client.run(tasks, cfg.tasks.timeout_s, _every(15.0, self._eval_progress(total)))
+            results = [r for t in done for r in t.results]
         finally:
             policy.temperature = saved
         record = {
@@ -213,6 +215,13 @@ class EmbeddedTrainer:
             f"eval at step {self.step}: pass {record['pass_rate']:.3f} ({record['sessions']})"
         )
         return record
+
+    def _eval_progress(self, total: int) -> Callable[[int], None]:
+        def show(finished: int) -> None:
+            if finished < total:
+                self.echo(f"eval at step {self.step}: {finished}/{total} sessions done")
+
+        return show
 
     # -- the update ------------------------------------------------------------------------
 
@@ -389,6 +398,19 @@ def _examples(results: Sequence[SessionResult], n: int) -> list[str]:
         if traj is not None and traj.traces and traj.traces[0].response_messages:
             texts.append(str(traj.traces[0].response_messages[-1].get("content") or ""))
     return texts
+
+
+def _every(seconds: float, report: Callable[[int], None]) -> Callable[[int], None]:
+    """``report``, at most once per ``seconds`` (an evaluation takes minutes on a CPU)."""
+    last = time.monotonic()
+
+    def throttled(value: int) -> None:
+        nonlocal last
+        if time.monotonic() - last >= seconds:
+            last = time.monotonic()
+            report(value)
+
+    return throttled
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:

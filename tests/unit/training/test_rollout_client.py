@@ -56,3 +56,18 @@ def test_wait_times_out_with_the_unfinished_tasks(monkeypatch: pytest.MonkeyPatc
 
     with pytest.raises(RolloutTimeout, match="1 task"):
         client(handler, monkeypatch).wait(["t"], timeout_s=0.0)
+
+
+def test_progress_hears_finished_sessions_as_they_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    session = {"session_id": "s", "task_id": "t", "status": "COMPLETED"}
+    polls = iter([("RUNNING", 0), ("RUNNING", 1), ("RUNNING", 1), ("COMPLETED", 2)])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, finished = next(polls)
+        body = task_body(status)
+        body["results"] = [session] * finished
+        return httpx.Response(200, json=body)
+
+    heard: list[int] = []
+    client(handler, monkeypatch).wait(["t"], timeout_s=5, progress=heard.append)
+    assert heard == [1, 2]
