@@ -394,8 +394,8 @@ class Runtime(ABC):
         self, launch: Launch, exec_id: str, timeout_s: float | None, stdin: bytes | None
     ) -> ExecResult:
         began = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
                 *launch.argv,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -404,6 +404,18 @@ class Runtime(ABC):
                 cwd=launch.cwd,
                 start_new_session=True,
             )
+        )
+        try:
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # Cancelled while the process was being spawned: it exists already and nothing else
+            # knows of it (asyncio would kill only the direct child, not what it started), so
+            # let the spawn finish and kill the whole group here.
+            with contextlib.suppress(Exception):
+                orphan = await spawn
+                _killpg(orphan)
+                await orphan.wait()
+            raise
         except OSError as exc:
             code = 126 if isinstance(exc, PermissionError) else 127
             return ExecResult(code, "", f"{launch.argv[0]}: {exc}", time.monotonic() - began, False)
