@@ -215,6 +215,9 @@ def _roll_out(
         sampling=SamplingPolicy(temperature=options.temperature, max_tokens=options.max_tokens),
         runtime=setup.runtime,
         run_workers=setup.workers,
+        # Runtimes start on a free run slot (INIT inline): nothing is prepared ahead to tear
+        # down on Ctrl-C, and a run slot is what a session waits for anyway.
+        ready_buffer=0,
     )
     interrupted = False
     try:
