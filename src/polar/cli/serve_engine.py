@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from polar.engines.embedded.loader import DEFAULT_MODEL, DTYPES
-from polar.engines.embedded.sampling import LOGPROBS_MODES
+from polar.engines.embedded.options import DEFAULT_MODEL, DTYPE_NAMES, LOGPROBS_MODES
 
 
 def add_parser(sub: Any) -> None:
@@ -26,7 +25,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--served-model-name", action="append", default=[], help="extra model alias")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8200, help="port (default 8200)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights dtype")
+    p.add_argument("--dtype", choices=list(DTYPE_NAMES), default="float32", help="weights dtype")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     p.add_argument("--max-active", type=int, default=8, help="generations decoded together")
     p.add_argument(

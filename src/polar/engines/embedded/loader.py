@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from polar.engines.embedded.options import DEFAULT_MODEL, DTYPE_NAMES, TINY_MODEL
 from polar.engines.model_files import (
     SMOLLM2_GGUF_SHA256,
     SMOLLM2_MODEL_NAME,
@@ -33,11 +34,9 @@ from polar.engines.model_files import (
 )
 from polar.errors import ConfigError
 
-DEFAULT_MODEL = "smollm2"
-TINY_MODEL = "tiny"
 TINY_MODEL_NAME = "polar-tiny-llama"
 TINY_SEED = 0
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16), strict=True))
 
 _convert_lock = threading.Lock()
 

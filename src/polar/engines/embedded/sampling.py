@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from polar.engines.embedded.options import LOGPROBS_MODES
 from polar.errors import InvalidRequest
 
-LOGPROBS_MODES = ("raw", "processed")
 MAX_TOP_LOGPROBS = 20
 # Below this temperature, sampling is greedy (the same threshold vLLM uses).
 GREEDY_EPSILON = 1e-5
