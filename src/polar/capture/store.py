@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import zstandard
 
 from polar.capture.records import CaptureRecord
 from polar.capture.token_blobs import (
@@ -59,6 +60,19 @@ CREATE TABLE IF NOT EXISTS completions (
 CREATE INDEX IF NOT EXISTS completions_by_session ON completions (session_id, seq);
 """
 
+# The body column is a zstd frame (level 1: a Claude-Code-sized call, 160 KB of JSON, compresses
+# in about 0.3 ms to 24 KB, where zlib level 1 took 1.4 ms for 50 KB). Stores written before
+# hold zlib streams; reading tells them apart by the frame's magic number.
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def decompress_body(blob: bytes) -> bytes:
+    """The JSON of a stored body, zstd (current) or zlib (stores from before)."""
+    if blob[:4] == _ZSTD_MAGIC:
+        return zstandard.ZstdDecompressor().decompress(blob)
+    return zlib.decompress(blob)
+
+
 # Fields kept in the compressed ``body`` column rather than in columns of their own.
 _BODY_FIELDS = (
     "engine",
@@ -82,6 +96,7 @@ class CaptureStore:
         self._batch_max = batch_max
         self._queue: queue.Queue[Any] = queue.Queue()
         self._prefixes = PrefixIndex()
+        self._compressor = zstandard.ZstdCompressor(level=1)  # the writer thread's alone
         self._seq: dict[str, int] = {}
         self._read = self._connect()
         self._read_lock = threading.Lock()
@@ -221,7 +236,7 @@ class CaptureStore:
                 ref.suffix.tobytes(),
                 ids_to_blob(record.sampled_ids),
                 logprobs_to_blob(record.logprobs),
-                zlib.compress(orjson.dumps(body), 1),
+                self._compressor.compress(orjson.dumps(body)),
             ),
         )
         return record
@@ -291,7 +306,7 @@ class CaptureStore:
         return prompt
 
     def _record(self, row: sqlite3.Row, prompts: dict[str, np.ndarray]) -> CaptureRecord:
-        body = orjson.loads(zlib.decompress(row["body"]))
+        body = orjson.loads(decompress_body(row["body"]))
         return CaptureRecord(
             completion_id=row["completion_id"],
             session_id=row["session_id"],

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+import zlib
+
+import zstandard
 
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
@@ -44,6 +48,25 @@ def test_records_round_trip_exactly_and_survive_reopen(tmp_path):
     assert record.logprobs == lp  # float64 storage: bit-exact
     assert record.request == {"messages": [{"role": "user", "content": "x"}]}
     assert reopened.sessions() == {"s1": {"task": "t"}}
+    reopened.close()
+
+
+def test_bodies_are_zstd_and_stores_written_with_zlib_still_read(tmp_path):
+    db = tmp_path / "c.db"
+    store = CaptureStore(db)
+    asyncio.run(store.append(_record("s1", "c1", [1, 2], [3])))
+    asyncio.run(store.append(_record("s1", "c2", [1, 2, 3, 4], [5])))
+    store.close()
+    with sqlite3.connect(db) as conn:
+        bodies = dict(conn.execute("SELECT completion_id, body FROM completions"))
+        assert all(blob[:4] == b"\x28\xb5\x2f\xfd" for blob in bodies.values())
+        # c1 as a store from before zstd wrote it
+        old = zlib.compress(zstandard.ZstdDecompressor().decompress(bodies["c1"]), 1)
+        conn.execute("UPDATE completions SET body = ? WHERE completion_id = 'c1'", (old,))
+    reopened = CaptureStore(db)
+    first, second = reopened.records("s1")
+    assert first.request == second.request == {"messages": [{"role": "user", "content": "x"}]}
+    assert (first.engine, first.response["content"]) == ("scripted", "y")
     reopened.close()
 
 
