@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from polar.cli.train import load_config
-from polar.training.metrics import read_jsonl
+from polar.training.metrics import pyplot, read_jsonl
 from polar.training.trainer import EmbeddedTrainer
 
 
@@ -152,12 +152,8 @@ def _markdown(report: dict[str, Any]) -> str:
 
 def _plot(runs: list[dict[str, Any]], path: Path) -> Path | None:
     """Every run's train reward per step and its held-out pass rate before and after."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, (train_ax, eval_ax) = plt.subplots(
         1, 2, figsize=(10, 4), dpi=120, gridspec_kw={"width_ratios": [3, 1]}

@@ -69,14 +69,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def plot_rewards(out: Path, title: str = "GRPO through Polar") -> Path | None:
-    """The reward curve (mean with a standard-error band, pass rate) and eval points, as a PNG."""
+def pyplot() -> Any | None:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None (it is an optional extra)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot_rewards(out: Path, title: str = "GRPO through Polar") -> Path | None:
+    """The reward curve (mean with a standard-error band, pass rate) and eval points, as a PNG."""
+    plt = pyplot()
+    if plt is None:
         log.warning("matplotlib is not installed; no reward-curve PNG")
         return None
     train = read_jsonl(out / TRAIN_FILE)
