@@ -53,6 +53,9 @@ def template() -> TaskRequest:
     )
 
 
+GROUP = 8
+
+
 def flat(module: Any) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()]).clone()
 
@@ -75,8 +78,11 @@ def test_two_grpo_steps_through_polar(
 
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "trl"),
-        per_device_train_batch_size=4,
-        num_generations=4,
+        # Groups of 8: the coin-flip grade gives a group no signal (all sessions alike) with
+        # probability 1/128, and two flat steps in a row (nothing to train on) 1/16384; with
+        # groups of 4 that was 1/64, and CI met it.
+        per_device_train_batch_size=GROUP,
+        num_generations=GROUP,
         max_steps=2,
         learning_rate=5e-3,
         beta=0.0,
@@ -109,7 +115,7 @@ def test_two_grpo_steps_through_polar(
     assert core.policy_version == 1  # the engine was told once, between the two rollouts
     assert len(calls) == 2
     for out in calls:
-        assert len(out["prompt_ids"]) == 4  # one group of num_generations sessions
+        assert len(out["prompt_ids"]) == GROUP  # one group of num_generations sessions
         assert all(r in (0.0, 1.0) for r in out["reward"])
     # TRL trained on exactly the tokens the engine sampled, with the engine's logprobs.
     store = CaptureStore(stack.work_dir / "captures.db")
