@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar.capture.records import CaptureRecord
 from polar.engines.types import FLAG_ABORTED
@@ -30,6 +30,7 @@ BREAK_NO_END_OF_TURN = "no_end_of_turn"
 BREAK_SPLIT_FAILURE = "split_failure"
 BREAK_RETRY = "retry"
 BREAK_PROMPT_IDS_MISSING = "prompt_ids_missing"
+BREAK_CONTEXT_DRIFT = "context_drift"
 
 UNTRAINABLE_ABORTED = "aborted"
 UNTRAINABLE_MULTI_VERSION = "multiple_policy_versions"
@@ -39,6 +40,14 @@ class BuilderConfig(BaseModel):
     """Options shared by the builders (``builder.config`` of a TaskRequest)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    context: Literal["exact", "tolerant"] = Field(
+        default="exact",
+        description="exact: every merged call's context in a trace equals the prompt the "
+        "engine saw (a call that cannot meet it starts a new trace, reason context_drift); "
+        "tolerant: merge across template drift and repairs, so later calls' contexts may "
+        "differ from what the engine conditioned on (off-policy; see docs/trajectories.md).",
+    )
 
     eot_token_id: int | None = Field(
         default=None,
@@ -75,6 +84,15 @@ class BuilderConfig(BaseModel):
                 f"unknown template_repair rule(s) {unknown} (known: {', '.join(RULES)})"
             )
         return rules
+
+    @model_validator(mode="after")
+    def _repair_needs_tolerance(self) -> BuilderConfig:
+        if self.template_repair and self.context == "exact":
+            raise ValueError(
+                "template_repair merges calls whose contexts differ from the engine's prompts; "
+                "it needs context: tolerant"
+            )
+        return self
 
 
 @dataclass
@@ -176,9 +194,11 @@ class Builder(ABC):
         response: list[int] = []
         mask: list[int] = []
         logprobs: list[float] | None = []
+        starts: list[int] = []
         for rec, inter in zip(seg.records, seg.interstitials, strict=True):
             response += inter
             mask += [0] * len(inter)
+            starts.append(len(response))
             response += rec.sampled_ids
             mask += [1] * len(rec.sampled_ids)
             if logprobs is not None:
@@ -191,6 +211,12 @@ class Builder(ABC):
         if untrainable:
             mask = [0] * len(mask)
         first, last = seg.records[0], seg.records[-1]
+        inexact = inexact_contexts(first.prompt_ids, response, seg.records, starts)
+        if inexact and self.config.context == "exact":
+            raise AssertionError(
+                f"{self.name} merged calls {inexact} into a context their engine prompt "
+                "differs from; exact mode must split them"
+            )
         return Trace(
             prompt_ids=list(first.prompt_ids),
             response_ids=response,
@@ -200,7 +226,7 @@ class Builder(ABC):
             response_messages=_response_messages(seg.records),
             tools=list(first.upstream_request.get("tools") or []),
             finish_reason=last.finish_reason,
-            metadata=self._trace_metadata(seg, untrainable),
+            metadata=self._trace_metadata(seg, untrainable, inexact),
         )
 
     def _untrainable_reasons(self, records: list[CaptureRecord]) -> list[str]:
@@ -211,12 +237,17 @@ class Builder(ABC):
             reasons.append(UNTRAINABLE_MULTI_VERSION)
         return reasons
 
-    def _trace_metadata(self, seg: Segment, untrainable: list[str]) -> dict[str, Any]:
+    def _trace_metadata(
+        self, seg: Segment, untrainable: list[str], inexact: list[str]
+    ) -> dict[str, Any]:
         recs = seg.records
         flags = sorted({f for r in recs for f in r.flags})
         return {
             "completion_ids": [r.completion_id for r in recs],
             "num_calls": len(recs),
+            "merged_calls": len(recs) - 1,
+            "context_exact_calls": len(recs) - 1 - len(inexact),
+            "inexact_context_calls": inexact,
             "chain_index": seg.chain_index,
             "segment_index": seg.segment_index,
             "break_reason": seg.break_reason,
@@ -233,6 +264,24 @@ class Builder(ABC):
             "sampled_tokens": sum(len(r.sampled_ids) for r in recs),
             "flags": flags,
         }
+
+
+def inexact_contexts(
+    prompt: list[int], response: list[int], records: list[CaptureRecord], starts: list[int]
+) -> list[str]:
+    """Merged calls whose context in the trace is not exactly their engine prompt.
+
+    Call i's context is the trace prompt plus the response up to ``starts[i]`` (where its
+    sampled ids begin); the trainer computes its policy on that, so it must equal the prompt
+    the engine conditioned on, token for token.
+    """
+    bad = []
+    for rec, start in zip(records[1:], starts[1:], strict=True):
+        ids = rec.prompt_ids
+        head = len(prompt)
+        if head + start != len(ids) or ids[:head] != prompt or ids[head:] != response[:start]:
+            bad.append(rec.completion_id)
+    return bad
 
 
 def side_call_kind(record: CaptureRecord) -> str | None:
@@ -284,5 +333,7 @@ def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
         "completions_per_trace": (
             sum(len(s.records) for s in merged) / len(merged) if merged else 0.0
         ),
+        "merged_calls": sum(int(t.metadata["merged_calls"]) for t in traces),
+        "context_exact_calls": sum(int(t.metadata["context_exact_calls"]) for t in traces),
         "untrainable_traces": sum(1 for t in traces if not t.metadata["trainable"]),
     }

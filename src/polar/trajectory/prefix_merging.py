@@ -22,6 +22,7 @@ import numpy as np
 
 from polar.capture.records import CaptureRecord
 from polar.trajectory.base import (
+    BREAK_CONTEXT_DRIFT,
     BREAK_PREFIX,
     BREAK_PROMPT_IDS_MISSING,
     BREAK_RETRY,
@@ -58,7 +59,7 @@ class PrefixMergingBuilder(Builder):
         eot, source = self.config.eot_token_id, "config"
         if eot is None:
             eot, source = learn_eot(calls), "learned"
-        merger = _Merger(eot, self.repair)
+        merger = _Merger(eot, self.repair, exact=self.config.context == "exact")
         for order, record in enumerate(calls):
             merger.add(order, record)
         return Grouping(
@@ -106,9 +107,10 @@ class _Match:
 
 
 class _Merger:
-    def __init__(self, eot: int | None, repair: TemplateRepair | None) -> None:
+    def __init__(self, eot: int | None, repair: TemplateRepair | None, *, exact: bool) -> None:
         self.eot = eot
         self.repair = repair
+        self.exact = exact
         self.chains: list[_Chain] = []
 
     def add(self, order: int, record: CaptureRecord) -> None:
@@ -129,6 +131,20 @@ class _Merger:
         except SplitError as exc:
             chain.segments.append(Segment([record], [[]], break_reason=exc.reason))
         else:
+            if split.drift_tokens and self.exact:
+                # The engine saw a re-rendering, not the sampled ids: merging would hand the
+                # trainer a context this call never had. Drift is still counted, on the split.
+                chain.segments.append(
+                    Segment(
+                        [record],
+                        [[]],
+                        break_reason=BREAK_CONTEXT_DRIFT,
+                        drift_turns=1,
+                        drift_tokens=split.drift_tokens,
+                    )
+                )
+                self._advance(chain, order, record, q, view, sampled)
+                return
             seg = chain.segments[-1]
             seg.records.append(record)
             seg.interstitials.append(q[match.q_start + split.skip :].tolist())

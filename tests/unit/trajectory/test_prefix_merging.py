@@ -60,10 +60,10 @@ def test_length_stopped_turn_keeps_template_end_of_turn_masked():
     assert trace.finish_reason == "stop"
 
 
-def test_length_stop_with_drifted_rerendering_still_merges_and_counts_drift():
+def test_length_stop_with_drifted_rerendering_merges_when_tolerant_and_counts_drift():
     r1 = record([1, 2, 3], [10, 11, 12], finish="length")
     r2 = record([1, 2, 3, 10, 13, 99, 50], [20, 99])
-    traj = build([r1, r2])
+    traj = build([r1, r2], context="tolerant")
     (trace,) = traj.traces
     assert trace.response_ids == [10, 11, 12, 99, 50, 20, 99]
     assert trace.loss_mask == [1, 1, 1, 0, 0, 1, 1]
@@ -76,12 +76,44 @@ def test_drift_is_counted_per_turn_and_trajectory():
     r1 = record([1, 2], [10, 11, 12, 99])
     r2 = record([1, 2, 10, 77, 12, 99, 5], [20, 99])  # one token re-rendered differently
     r3 = record([1, 2, 10, 77, 12, 99, 5, 20, 99, 6], [30, 99])  # exact
-    traj = build([r1, r2, r3])
+    traj = build([r1, r2, r3], context="tolerant")
     (trace,) = traj.traces
+    assert trace.metadata["inexact_context_calls"] == [r2.completion_id, r3.completion_id]
+    assert traj.metadata["merged_calls"] == 2
+    assert traj.metadata["context_exact_calls"] == 0
     assert sampled_of(trace) == [10, 11, 12, 99, 20, 99, 30, 99]
     assert trace.metadata["drift_turns"] == 1
     assert trace.metadata["drift_tokens"] == 1
     assert trace.response_ids == [10, 11, 12, 99, 5, 20, 99, 6, 30, 99]
+
+
+def test_drift_splits_the_trace_by_default_so_every_context_is_exact():
+    r1 = record([1, 2], [10, 11, 12, 99])
+    r2 = record([1, 2, 10, 77, 12, 99, 5], [20, 99])  # the engine saw 77, not the sampled 11
+    r3 = record([1, 2, 10, 77, 12, 99, 5, 20, 99, 6], [30, 99])  # extends r2 exactly
+    traj = build([r1, r2, r3])
+    first, second = traj.traces
+    assert first.metadata["completion_ids"] == [r1.completion_id]
+    assert second.metadata["completion_ids"] == [r2.completion_id, r3.completion_id]
+    assert second.metadata["break_reason"] == "context_drift"
+    assert second.prompt_ids == r2.prompt_ids
+    assert second.prompt_ids + second.response_ids == r3.prompt_ids + r3.sampled_ids
+    assert traj.metadata["breaks"] == {"context_drift": 1}
+    assert traj.metadata["drift_turns"] == 1 and traj.metadata["drift_tokens"] == 1
+    assert traj.metadata["merged_calls"] == traj.metadata["context_exact_calls"] == 1
+
+
+def test_length_stop_drift_splits_by_default():
+    r1 = record([1, 2, 3], [10, 11, 12], finish="length")
+    r2 = record([1, 2, 3, 10, 13, 99, 50], [20, 99])
+    traj = build([r1, r2])
+    assert [t.metadata["num_calls"] for t in traj.traces] == [1, 1]
+    assert traj.traces[1].metadata["break_reason"] == "context_drift"
+
+
+def test_template_repair_needs_tolerant_context():
+    with pytest.raises(ConfigError, match="tolerant"):
+        create_builder("prefix_merging", {"template_repair": ["qwen3_empty_think"]})
 
 
 def test_longest_matching_chain_wins():

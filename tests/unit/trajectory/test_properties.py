@@ -121,18 +121,49 @@ def check_faithful(traj: Any, agents: list[Agent], records: list) -> None:
 
 @SETTINGS
 @given(spec=session)
-def test_smollm2_sessions_merge_one_trace_per_agent(smollm2, spec):
+def test_smollm2_sessions_merge_one_trace_per_agent_when_tolerant(smollm2, spec):
     agents, records = play(smollm2, spec)
-    traj = PrefixMergingBuilder().build(records)
+    traj = PrefixMergingBuilder({"context": "tolerant"}).build(records)
     check_faithful(traj, agents, records)
     assert traj.metadata["breaks"] == {}
 
 
 @SETTINGS
 @given(spec=session)
+def test_every_merged_call_saw_exactly_its_trace_context(smollm2, spec):
+    """The builder invariant, checked independently of the builder's own bookkeeping: for every
+    call of every trace, the trace's tokens before that call's sampled ids are its engine
+    prompt. Random drift (non-canonical tokenizations, length stops) only splits traces."""
+    agents, records = play(smollm2, spec)
+    traj = PrefixMergingBuilder().build(records)
+    by_id = {r.completion_id: r for r in records}
+    merged = 0
+    for trace in traj.traces:
+        context = list(trace.prompt_ids)
+        position = 0
+        for cid in trace.metadata["completion_ids"]:
+            rec = by_id[cid]
+            n = len(rec.prompt_ids) - len(context)
+            assert n >= 0
+            assert context + trace.response_ids[position : position + n] == rec.prompt_ids
+            position += n
+            got = trace.response_ids[position : position + len(rec.sampled_ids)]
+            assert got == rec.sampled_ids
+            assert trace.loss_mask[position : position + len(rec.sampled_ids)] == [1] * len(got)
+            position += len(rec.sampled_ids)
+            context = list(rec.prompt_ids) + rec.sampled_ids
+        assert position == len(trace.response_ids)
+        merged += len(trace.metadata["completion_ids"]) - 1
+    assert traj.metadata["merged_calls"] == traj.metadata["context_exact_calls"] == merged
+
+
+@SETTINGS
+@given(spec=session)
 def test_qwen3_thinking_off_sessions_merge_with_repair(qwen3_like, spec):
     agents, records = play(qwen3_like, spec, thinking=False)
-    builder = PrefixMergingBuilder({"template_repair": ["qwen3_empty_think"]}, tokenizer=qwen3_like)
+    builder = PrefixMergingBuilder(
+        {"template_repair": ["qwen3_empty_think"], "context": "tolerant"}, tokenizer=qwen3_like
+    )
     traj = builder.build(records)
     check_faithful(traj, agents, records)
     # every merged step needed the rule (the generation prompt's empty think block)
@@ -144,7 +175,7 @@ def test_qwen3_thinking_off_sessions_merge_with_repair(qwen3_like, spec):
 def test_qwen3_thinking_sessions_merge_with_repair(qwen3_like, spec):
     agents, records = play(qwen3_like, spec, thinking=True)
     builder = PrefixMergingBuilder(
-        {"template_repair": ["drop_past_reasoning"]}, tokenizer=qwen3_like
+        {"template_repair": ["drop_past_reasoning"], "context": "tolerant"}, tokenizer=qwen3_like
     )
     check_faithful(builder.build(records), agents, records)
 

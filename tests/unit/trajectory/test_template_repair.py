@@ -27,7 +27,9 @@ from .sessions import TOOLS, Agent
 
 
 def build(records: list[Any], tokenizer: Any, rules: list[str]) -> Any:
-    return PrefixMergingBuilder({"template_repair": rules}, tokenizer=tokenizer).build(records)
+    return PrefixMergingBuilder(
+        {"template_repair": rules, "context": "tolerant" if rules else "exact"}, tokenizer=tokenizer
+    ).build(records)
 
 
 def sampled_of(trace: Any) -> list[int]:
