@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-import uuid
 from typing import Any
+
+from polar.rendering.parsers.hermes import HermesToolParser
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -30,7 +30,6 @@ TOOLS_FOOTER = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
-_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def template_supports_tools(chat_template: str | None) -> bool:
@@ -106,38 +105,14 @@ def messages_for_plain_template(
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split sampled text into (content, chat-completions tool_calls).
+    """Split sampled text into (content, chat-completions tool_calls), as the Hermes parser does.
 
-    Any malformed call makes the whole text plain content: a half-parsed turn would hand the
-    harness a call the model did not make.
+    Any malformed call makes the whole text plain content; see
+    :mod:`polar.rendering.parsers.hermes`, the one implementation of this format.
     """
-    matches = list(_CALL_RE.finditer(text))
-    if not matches:
-        return text, []
-    calls = []
-    for m in matches:
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            return text, []
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return text, []
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return text, []
-        if not isinstance(args, dict):
-            return text, []
-        calls.append(
-            {
-                "id": "call_" + uuid.uuid4().hex[:24],
-                "type": "function",
-                "function": {
-                    "name": obj["name"],
-                    "arguments": json.dumps(args, ensure_ascii=False),
-                },
-            }
-        )
-    return text[: matches[0].start()].rstrip("\n"), calls
+    turn = HermesToolParser().parse(text)
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in turn.tool_calls
+    ]
+    return turn.content, calls
