@@ -5,7 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from polar.engines.types import EngineResult
+from polar.engines.types import EngineResult, ModelInfo, SampledTokens
+from polar.errors import ConfigError
 from polar.providers.types import NormalizedRequest
 
 
@@ -22,8 +23,20 @@ class Engine(ABC):
     async def count_tokens(self, request: NormalizedRequest) -> int:
         """The prompt length the engine would see for ``request``."""
 
-    async def health(self) -> bool:
-        return True
+    async def complete_tokens(
+        self, prompt_ids: list[int], request: NormalizedRequest
+    ) -> SampledTokens:
+        """Generate after exactly ``prompt_ids`` (gateway-side rendering, ``render: gateway``);
+        ``request`` supplies the model name and sampling parameters."""
+        raise ConfigError(f"the {self.name} engine takes no token prompts; use render: engine")
+
+    async def model_info(self) -> ModelInfo | None:
+        """The served model and its context window, if the engine says (``/v1/models``)."""
+        return None
+
+    def local_tokenizer(self) -> object | None:
+        """The tokenizer of an in-process engine (the gateway renders with the same one)."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release connections; the default holds none."""

@@ -38,7 +38,7 @@ class EngineHTTP(ABC):
     async def post(self, path: str, content: bytes) -> RawReply: ...
 
     @abstractmethod
-    async def get_status(self, path: str) -> int: ...
+    async def get(self, path: str) -> RawReply: ...
 
     @abstractmethod
     async def aclose(self) -> None: ...
@@ -49,7 +49,9 @@ class EngineHTTP(ABC):
         )
 
     def _unreachable(self, exc: BaseException) -> EngineUnavailable:
-        return EngineUnavailable(f"engine at {self.base_url} is unreachable: {exc!r}")
+        # The exception's message, not its repr: aiohttp's repr dumps connection internals.
+        reason = str(exc) or type(exc).__name__
+        return EngineUnavailable(f"engine at {self.base_url} is unreachable: {reason}")
 
 
 class AiohttpEngineHTTP(EngineHTTP):
@@ -81,12 +83,14 @@ class AiohttpEngineHTTP(EngineHTTP):
         except aiohttp.ClientError as exc:
             raise self._unreachable(exc) from exc
 
-    async def get_status(self, path: str) -> int:
+    async def get(self, path: str) -> RawReply:
         try:
             async with self._client().get(self.base_url + path) as response:
-                return response.status
-        except (TimeoutError, aiohttp.ClientError):
-            return 0
+                return RawReply(response.status, response.headers, await response.read())
+        except TimeoutError as exc:
+            raise self._timeout(exc) from exc
+        except aiohttp.ClientError as exc:
+            raise self._unreachable(exc) from exc
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -120,11 +124,14 @@ class HttpxEngineHTTP(EngineHTTP):
             raise self._unreachable(exc) from exc
         return RawReply(response.status_code, response.headers, response.content)
 
-    async def get_status(self, path: str) -> int:
+    async def get(self, path: str) -> RawReply:
         try:
-            return (await self._client.get(path)).status_code
-        except httpx.HTTPError:
-            return 0
+            response = await asyncio.wait_for(self._client.get(path), self.timeout_s)
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise self._timeout(exc) from exc
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        return RawReply(response.status_code, response.headers, response.content)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -74,9 +74,12 @@ def load_tokenizer(source: str | None = None) -> Any:
     """A real tokenizer with its chat template.
 
     ``source`` is a HF checkpoint directory, a GGUF file, or ``None`` for the default SmolLM2
-    (read from the GGUF once, then from the cache in well under a second).
+    (read from the GGUF once, then from the cache in well under a second), which gets Polar's
+    tool-aware SmolLM2 template.
     """
     from transformers import AutoTokenizer
+
+    from polar.rendering.chat_template import SMOLLM2_TOOLS_TEMPLATE, bundled_template
 
     if source is not None:
         path = Path(source)
@@ -91,4 +94,8 @@ def load_tokenizer(source: str | None = None) -> Any:
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             cached.mkdir(parents=True, exist_ok=True)
             tok.save_pretrained(str(cached))
-        return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+    # SmolLM2's own template ignores tools and drops tool calls from history; Polar's renders
+    # both (Hermes style), identically to what engines did for plain templates before.
+    tokenizer.chat_template = bundled_template(SMOLLM2_TOOLS_TEMPLATE)
+    return tokenizer

@@ -10,7 +10,8 @@ import orjson
 from polar.engines.base import Engine
 from polar.engines.capture import capture_from_response
 from polar.engines.http import AiohttpEngineHTTP, EngineHTTP, HttpxEngineHTTP, RawReply
-from polar.engines.types import EngineResult
+from polar.engines.token_in import from_vllm_completion
+from polar.engines.types import EngineResult, ModelInfo, SampledTokens
 from polar.errors import (
     EngineError,
     EngineRejected,
@@ -76,6 +77,41 @@ class OpenAICompatEngine(Engine):
             policy_version=version if isinstance(version, int) else None,
         )
 
+    def build_token_body(self, prompt_ids: list[int], request: NormalizedRequest) -> dict[str, Any]:
+        """vLLM's completions endpoint with a token prompt: ids in, sampled ids out."""
+        body: dict[str, Any] = {"model": request.model, "prompt": prompt_ids}
+        body.update(request.params.as_dict())
+        body.update({"return_token_ids": True, "logprobs": 0, "stream": False})
+        body.update(self.extra_body)
+        return body
+
+    async def complete_tokens(
+        self, prompt_ids: list[int], request: NormalizedRequest
+    ) -> SampledTokens:
+        body = self.build_token_body(prompt_ids, request)
+        reply = await self._post("/v1/completions", body)
+        tokens = from_vllm_completion(reply, body)
+        tokens.sampling = request.params.as_dict() | tokens.sampling
+        return tokens
+
+    async def model_info(self) -> ModelInfo | None:
+        response = await self._http.get("/v1/models")
+        if response.status >= 400:
+            raise _engine_error(response)
+        try:
+            data = orjson.loads(response.content).get("data") or []
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            raise EngineError(f"engine's /v1/models is not a model list: {exc}") from exc
+        if not data or not isinstance(data[0], dict) or not data[0].get("id"):
+            return None
+        first = data[0]
+        window = first.get("max_model_len")
+        return ModelInfo(
+            name=str(first["id"]),
+            max_model_len=window if isinstance(window, int) and window > 0 else None,
+            root=str(first["root"]) if first.get("root") else None,
+        )
+
     async def count_tokens(self, request: NormalizedRequest) -> int:
         body: dict[str, Any] = {
             "model": request.model,
@@ -89,9 +125,6 @@ class OpenAICompatEngine(Engine):
         if count is None:
             count = len(reply.get("tokens") or [])
         return int(count)
-
-    async def health(self) -> bool:
-        return await self._http.get_status("/health") == 200
 
     async def aclose(self) -> None:
         await self._http.aclose()

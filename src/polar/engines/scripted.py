@@ -3,7 +3,15 @@
 It answers from a script (text, tool calls, reasoning, finish reasons, or an HTTP error) but
 computes prompt ids with a REAL tokenizer and chat template and sampled ids by tokenizing the
 reply exactly as a model would emit it, so everything downstream (capture, prefix merging)
-sees the same token structure a real engine produces.
+sees the same token structure a real engine produces. It is as strict as vLLM: an unknown
+model name is a 404, a prompt over the context window a 400 (an output budget that does not
+fit is lowered, as vLLM does). It serves chat completions (engine-side rendering) and token
+prompts on ``/v1/completions`` (gateway-side rendering).
+
+``noncanonical=True`` samples the way real models do and templates do not re-render: tool-call
+JSON pretty-printed, and text in a tokenization that re-encoding does not reproduce. With
+engine-side rendering the next prompt then differs from what was sampled (drift), exactly the
+defect a canonical fake hides.
 """
 
 from __future__ import annotations
@@ -42,6 +50,15 @@ class ScriptedReply:
     delay_s: float = 0.0
 
 
+class EngineRefusal(Exception):
+    """An HTTP error the scripted engine answers with, in vLLM's words."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class Script:
     """A queue of replies, thread-safe; ``default`` answers when the queue is empty."""
 
@@ -75,11 +92,14 @@ class ScriptedBackend:
         tokenizer: Any = None,
         model_name: str = SMOLLM2_MODEL_NAME,
         max_model_len: int = 8192,
+        *,
+        noncanonical: bool = False,
     ) -> None:
         self.script = script or Script()
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.noncanonical = noncanonical
         self.eot_id = int(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.log: list[dict[str, Any]] = []
 
@@ -94,10 +114,31 @@ class ScriptedBackend:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
-    def respond(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
-        messages = body.get("messages") or []
-        tools = body.get("tools") or None
-        prompt = self.prompt_ids(messages, tools)
+    def check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise EngineRefusal(404, f"The model `{model}` does not exist.")
+
+    def room(self, prompt: list[int], body: dict[str, Any]) -> int:
+        """The output budget vLLM would grant, or a refusal in its words."""
+        if len(prompt) >= self.max_model_len:
+            raise EngineRefusal(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {len(prompt)} input tokens. Please reduce the length of the "
+                "input messages.",
+            )
+        asked = body.get("max_tokens") or body.get("max_completion_tokens")
+        if isinstance(asked, int) and asked > self.max_model_len:
+            raise EngineRefusal(
+                400,
+                f"max_tokens={asked} cannot be greater than max_model_len={self.max_model_len}.",
+            )
+        room = self.max_model_len - len(prompt)
+        return min(asked, room) if isinstance(asked, int) else room
+
+    def sample(self, reply: ScriptedReply, max_tokens: int) -> tuple[list[int], str, list]:
+        """The ids a model emits for ``reply``, the finish reason, and the structured calls."""
         calls = [
             {
                 "id": "call_" + uuid.uuid4().hex[:24],
@@ -107,16 +148,38 @@ class ScriptedBackend:
             for name, args in reply.tool_calls
         ]
         finish = reply.finish_reason or ("tool_calls" if calls else "stop")
-        text = assistant_text(reply.content, calls)
+        if self.noncanonical:
+            rendered = [
+                "<tool_call>\n"
+                + json.dumps({"name": n, "arguments": a}, ensure_ascii=False, indent=4)
+                + "\n</tool_call>"
+                for n, a in reply.tool_calls
+            ]
+            text = "\n".join([reply.content, *rendered] if reply.content else rendered)
+        else:
+            text = assistant_text(reply.content, calls)
         if reply.reasoning:
             text = f"<think>\n{reply.reasoning}\n</think>\n" + text
-        sampled = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        if isinstance(max_tokens, int) and len(sampled) >= max_tokens:
+        sampled = self._encode(text)
+        if len(sampled) >= max_tokens:
             sampled, finish = sampled[:max_tokens], "length"
         elif finish != "length":
             sampled.append(self.eot_id)
-        entries = [
+        return sampled, finish, calls
+
+    def _encode(self, text: str) -> list[int]:
+        if not self.noncanonical or len(text) < 2:
+            return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+        # Two halves tokenized apart: the same text, ids that re-encoding does not give back.
+        half = len(text) // 2
+        return [
+            int(t)
+            for piece in (text[:half], text[half:])
+            for t in self.tokenizer.encode(piece, add_special_tokens=False)
+        ]
+
+    def logprob_entries(self, sampled: list[int]) -> list[dict[str, Any]]:
+        return [
             {
                 "token": self.tokenizer.convert_ids_to_tokens(t),
                 "logprob": logprob_for(i, t),
@@ -125,11 +188,62 @@ class ScriptedBackend:
             }
             for i, t in enumerate(sampled)
         ]
+
+    def respond_tokens(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
+        """``/v1/completions`` with a token prompt, shaped like vLLM's ``return_token_ids``."""
+        self.check_model(body)
+        prompt = body.get("prompt")
+        vocab = len(self.tokenizer)
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(t, int) and 0 <= t < vocab for t in prompt)
+        ):
+            raise EngineRefusal(400, "prompt must be a non-empty list of token ids")
+        sampled, finish, _ = self.sample(reply, self.room(prompt, body))
+        entries = self.logprob_entries(sampled)
+        reply_body = {
+            "id": "cmpl-" + uuid.uuid4().hex[:24],
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": self.tokenizer.decode(sampled, skip_special_tokens=True),
+                    "logprobs": {
+                        "tokens": [e["token"] for e in entries],
+                        "token_logprobs": [e["logprob"] for e in entries],
+                        "top_logprobs": None,
+                        "text_offset": None,
+                    },
+                    "finish_reason": "length" if finish == "length" else "stop",
+                    "stop_reason": None,
+                    "prompt_token_ids": list(prompt),
+                    "token_ids": sampled,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(sampled),
+                "total_tokens": len(prompt) + len(sampled),
+            },
+        }
+        self.log.append(reply_body)
+        return reply_body
+
+    def respond(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
+        self.check_model(body)
+        messages = body.get("messages") or []
+        tools = body.get("tools") or None
+        prompt = self.prompt_ids(messages, tools)
+        sampled, finish, calls = self.sample(reply, self.room(prompt, body))
+        entries = self.logprob_entries(sampled)
         reply_body = {
             "id": "chatcmpl-" + uuid.uuid4().hex[:24],
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": body.get("model") or self.model_name,
+            "model": self.model_name,
             "prompt_token_ids": prompt,
             "choices": [
                 {
@@ -156,28 +270,38 @@ class ScriptedBackend:
 
 
 def create_scripted_app(backend: ScriptedBackend) -> Starlette:
-    """The OpenAI-compatible ASGI app: chat completions, tokenize, models, health."""
+    """The OpenAI-compatible ASGI app: chat and token completions, tokenize, models, health."""
 
-    async def chat(request: Request) -> Response:
+    def refusal(status: int, message: str) -> Response:
+        return JSONResponse(
+            {"error": {"message": message, "type": "BadRequestError", "code": status}},
+            status_code=status,
+        )
+
+    async def answer(request: Request, respond: Any) -> Response:
         body = await request.json()
         reply = backend.script.next()
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.error_status:
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": reply.error_message,
-                        "type": "BadRequestError",
-                        "code": reply.error_status,
-                    }
-                },
-                status_code=reply.error_status,
-            )
-        return JSONResponse(await run_in_threadpool(backend.respond, body, reply))
+            return refusal(reply.error_status, reply.error_message)
+        try:
+            return JSONResponse(await run_in_threadpool(respond, body, reply))
+        except EngineRefusal as exc:
+            return refusal(exc.status, exc.message)
+
+    async def chat(request: Request) -> Response:
+        return await answer(request, backend.respond)
+
+    async def completions(request: Request) -> Response:
+        return await answer(request, backend.respond_tokens)
 
     async def tokenize(request: Request) -> Response:
         body = await request.json()
+        try:
+            backend.check_model(body)
+        except EngineRefusal as exc:
+            return refusal(exc.status, exc.message)
         if "messages" in body:
             ids = await run_in_threadpool(backend.prompt_ids, body["messages"], body.get("tools"))
         else:
@@ -206,6 +330,7 @@ def create_scripted_app(backend: ScriptedBackend) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
@@ -223,9 +348,17 @@ class ScriptedEngine(VLLMEngine):
         transport = httpx.ASGITransport(app=create_scripted_app(backend))
         super().__init__("http://scripted-engine", transport=transport, timeout_s=timeout_s)
 
+    def local_tokenizer(self) -> Any:
+        return self.backend.tokenizer
+
     @classmethod
     def from_options(cls, options: dict[str, Any], *, timeout_s: float = 60.0) -> ScriptedEngine:
-        """Options: ``tokenizer`` (path; default SmolLM2), ``default_reply`` (text)."""
+        """Options: ``tokenizer`` (path; default SmolLM2), ``default_reply`` (text),
+        ``noncanonical`` (sample as real models do; see the module docstring)."""
         script = Script(default=ScriptedReply(content=str(options.get("default_reply", "Done."))))
-        backend = ScriptedBackend(script, tokenizer=load_tokenizer(options.get("tokenizer")))
+        backend = ScriptedBackend(
+            script,
+            tokenizer=load_tokenizer(options.get("tokenizer")),
+            noncanonical=bool(options.get("noncanonical", False)),
+        )
         return cls(backend, timeout_s=timeout_s)

@@ -5,6 +5,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from polar.engines.openai_compat import OpenAICompatEngine
+from polar.engines.token_in import from_sglang_generate
+from polar.engines.types import SampledTokens
+from polar.providers.types import NormalizedRequest
+
+# Chat-completions parameter names in SGLang's sampling_params.
+_SAMPLING_NAMES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
 
 
 class SGLangEngine(OpenAICompatEngine):
@@ -17,3 +23,23 @@ class SGLangEngine(OpenAICompatEngine):
         "return_prompt_token_ids": True,
         "return_token_ids": True,
     }
+
+    def build_token_body(self, prompt_ids: list[int], request: NormalizedRequest) -> dict[str, Any]:
+        """SGLang's native ``/generate``: ``input_ids`` in, output ids and logprobs out."""
+        sampling = {_SAMPLING_NAMES.get(k, k): v for k, v in request.params.as_dict().items()}
+        body: dict[str, Any] = {
+            "input_ids": prompt_ids,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "stream": False,
+        }
+        body.update(self.extra_body)
+        return body
+
+    async def complete_tokens(
+        self, prompt_ids: list[int], request: NormalizedRequest
+    ) -> SampledTokens:
+        body = self.build_token_body(prompt_ids, request)
+        tokens = from_sglang_generate(await self._post("/generate", body), body)
+        tokens.sampling = request.params.as_dict() | tokens.sampling
+        return tokens

@@ -41,3 +41,26 @@ class EngineResult:
     upstream_request: dict[str, Any]
     sampling: dict[str, Any]
     policy_version: int | None = None
+
+
+@dataclass
+class SampledTokens:
+    """A token-in generation: what the engine sampled after exactly the given prompt ids."""
+
+    sampled_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+    prompt_ids: list[int] | None  # the engine's own echo of the prompt, when it sends one
+    upstream_request: dict[str, Any]
+    sampling: dict[str, Any]
+    flags: list[str] = field(default_factory=list)
+    policy_version: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What an engine serves: the model name it answers to and its context window."""
+
+    name: str
+    max_model_len: int | None = None
+    root: str | None = None

@@ -42,6 +42,14 @@ class EmbeddedEngine(VLLMEngine):
         body["model"] = self.core.model_name  # it serves one model, whatever the harness named
         return body
 
+    def build_token_body(self, prompt_ids: list[int], request: NormalizedRequest) -> dict[str, Any]:
+        body = super().build_token_body(prompt_ids, request)
+        body["model"] = self.core.model_name
+        return body
+
+    def local_tokenizer(self) -> Any:
+        return self.core.tokenizer
+
     @classmethod
     def from_options(
         cls,

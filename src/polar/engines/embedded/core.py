@@ -39,10 +39,11 @@ from polar.engines.embedded.kv_cache import (
     supports_buffer_cache,
 )
 from polar.engines.embedded.loader import DEFAULT_MODEL, LoadedModel, load_model
-from polar.engines.embedded.prompt import RenderedPrompt, render_prompt
 from polar.engines.embedded.sampling import LOGPROBS_MODES, GenerationParams, Sampler, StepOutput
 from polar.engines.tool_text import parse_tool_calls
 from polar.errors import ConfigError, EngineUnavailable, InvalidRequest, RateLimited
+from polar.rendering.chat_template import RenderedPrompt, render_prompt
+from polar.rendering.renderer import cut_at_stop
 
 # Decode rows start with room for this many new tokens and grow when a generation needs more.
 INITIAL_DECODE_ROOM = 256
@@ -248,8 +249,21 @@ class EmbeddedEngineCore:
         tool_choice: Any = None,
     ) -> _Job:
         """Render and validate a request (raises :class:`InvalidRequest`) without queueing it."""
-        params = params or GenerationParams()
         prompt = self.render(messages, tools)
+        return self._job(
+            prompt, params or GenerationParams(), bool(tools) and tool_choice != "none"
+        )
+
+    def prepare_ids(self, prompt_ids: list[int], params: GenerationParams | None = None) -> _Job:
+        """A token prompt (the gateway rendered it): generated as given, no tool parsing."""
+        vocab = len(self.tokenizer)
+        if not prompt_ids or any(
+            isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids
+        ):
+            raise InvalidRequest(f"prompt must be a non-empty list of token ids in [0, {vocab})")
+        return self._job(RenderedPrompt("", list(prompt_ids)), params or GenerationParams(), False)
+
+    def _job(self, prompt: RenderedPrompt, params: GenerationParams, parse_tools: bool) -> _Job:
         room = self.max_model_len - len(prompt.ids)
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             asked = params.max_tokens if params.max_tokens is not None else 1
@@ -267,7 +281,7 @@ class EmbeddedEngineCore:
             params=params,
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
             sampler=Sampler(params, self.logprobs_mode),
-            parse_tools=bool(tools) and tool_choice != "none",
+            parse_tools=parse_tools,
         )
 
     def submit(self, job: _Job) -> Future[GenerationResult]:
@@ -297,6 +311,13 @@ class EmbeddedEngineCore:
         job = await asyncio.to_thread(
             self.prepare, messages, tools, params, tool_choice=tool_choice
         )
+        return await asyncio.wrap_future(self.submit(job))
+
+    async def generate_ids(
+        self, prompt_ids: list[int], params: GenerationParams | None = None
+    ) -> GenerationResult:
+        """Generate after exactly ``prompt_ids`` (vLLM's token prompt on /v1/completions)."""
+        job = await asyncio.to_thread(self.prepare_ids, prompt_ids, params)
         return await asyncio.wrap_future(self.submit(job))
 
     def generate_sync(
@@ -600,7 +621,7 @@ class EmbeddedEngineCore:
             else ids
         )
         text = self.decode(text_ids, skip_special_tokens=True)
-        text, stop_string = _cut_at_stop(text, job.params.stop)
+        text, stop_string = cut_at_stop(text, job.params.stop)
         if stop_string is not None:
             row.stop_reason = stop_string
         content, tool_calls = parse_tool_calls(text) if job.parse_tools else (text, [])
@@ -643,15 +664,6 @@ def _settle(future: Future[GenerationResult], outcome: GenerationResult | Except
             future.set_result(outcome)
     except InvalidStateError:
         pass
-
-
-def _cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
-    """``text`` up to the earliest stop string (excluded, as vLLM does), and that string."""
-    hits = [(text.find(s), s) for s in stops if s in text]
-    if not hits:
-        return text, None
-    position, stop = min(hits)
-    return text[:position], stop
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:

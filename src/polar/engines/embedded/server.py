@@ -71,6 +71,20 @@ def create_app(
         result = await core.generate(messages, tools, params, tool_choice=body.get("tool_choice"))
         return _json(render_completion(result, logprobs=params.logprobs))
 
+    async def completions(request: Request) -> Response:
+        body = await _json_body(request)
+        check_model(body)
+        if body.get("stream"):
+            raise InvalidRequest("stream is not supported by the embedded engine")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list):
+            raise InvalidRequest(
+                "prompt must be a list of token ids (Polar's gateway renders text prompts itself)"
+            )
+        params = parse_params({**body, "logprobs": body.get("logprobs") is not None})
+        result = await core.generate_ids(prompt, params)
+        return _json(render_text_completion(result, logprobs=params.logprobs))
+
     async def models(request: Request) -> Response:
         data = [
             {
@@ -138,6 +152,7 @@ def create_app(
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
@@ -207,6 +222,49 @@ def render_completion(result: GenerationResult, *, logprobs: bool = True) -> dic
         "policy_version": result.policy_version,
         "sampling": result.sampling,
         "engine_timing": result.timing,
+    }
+
+
+def render_text_completion(result: GenerationResult, *, logprobs: bool = True) -> dict[str, Any]:
+    """A vLLM-shaped text completion for a token prompt: per-choice ``token_ids`` and
+    ``prompt_token_ids`` (vLLM's ``return_token_ids``), ``logprobs.token_logprobs``."""
+    choices = []
+    for choice in result.choices:
+        entries = None
+        if logprobs:
+            entries = {
+                "tokens": choice.token_texts,
+                "token_logprobs": [
+                    lp if math.isfinite(lp) else NEG_INF_LOGPROB for lp in choice.logprobs
+                ],
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+        choices.append(
+            {
+                "index": choice.index,
+                "text": choice.text,
+                "logprobs": entries,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+                "prompt_token_ids": result.prompt_ids,
+                "token_ids": choice.token_ids,
+            }
+        )
+    completion_tokens = sum(len(c.token_ids) for c in result.choices)
+    return {
+        "id": "cmpl-" + result.id.removeprefix("chatcmpl-"),
+        "object": "text_completion",
+        "created": result.created,
+        "model": result.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(result.prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(result.prompt_ids) + completion_tokens,
+        },
+        "policy_version": result.policy_version,
+        "sampling": result.sampling,
     }
 
 

@@ -1,9 +1,11 @@
-"""Chat messages to the prompt ids the model sees.
+"""Chat messages to the text and prompt ids the model sees.
 
 Rendering follows vLLM: the chat template renders text, which is then tokenized without
-adding special tokens, so the embedded engine's prompt ids equal vLLM's for the same request.
-Templates without tool support get tools and past tool calls rendered as Hermes-style text by
-:mod:`polar.engines.tool_text`; templates with tool support receive them natively.
+adding special tokens, so the embedded engine's and the gateway's prompt ids equal vLLM's for
+the same request. Templates without tool support get tools and past tool calls rendered as
+Hermes-style text by :mod:`polar.engines.tool_text`; templates with tool support receive them
+natively. SmolLM2 is served with Polar's tool-aware template (``templates/smollm2_tools.jinja``),
+which renders exactly what that fallback did, so vLLM can serve it too.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
 from polar.engines.tool_text import (
@@ -21,6 +25,15 @@ from polar.engines.tool_text import (
 from polar.errors import InvalidRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+SMOLLM2_TOOLS_TEMPLATE = "smollm2_tools"
+
+
+@cache
+def bundled_template(name: str) -> str:
+    """A chat template shipped with Polar (``templates/<name>.jinja``)."""
+    return (files("polar.rendering") / "templates" / f"{name}.jinja").read_text("utf-8")
 
 
 @dataclass
@@ -37,10 +50,28 @@ def render_prompt(
     add_generation_prompt: bool = True,
 ) -> RenderedPrompt:
     """The exact prompt the model sees for ``messages`` (and ``tools``)."""
+    text = render_text(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return RenderedPrompt(text, list(ids))
+
+
+def render_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+) -> str:
+    """The chat template's text for ``messages`` (and ``tools``), before tokenization.
+
+    ``chat_template`` replaces the tokenizer's own template when given.
+    """
     from jinja2 import TemplateError
 
     validate_messages(messages)
-    if template_supports_tools(tokenizer.chat_template):
+    template = chat_template or tokenizer.chat_template
+    if template_supports_tools(template):
         conversation, template_tools = _for_tool_template(messages), tools or None
     else:
         conversation, template_tools = messages_for_plain_template(messages, tools), None
@@ -50,11 +81,11 @@ def render_prompt(
             tools=template_tools,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            chat_template=template,
         )
     except TemplateError as exc:
         raise InvalidRequest(f"the chat template rejected these messages: {exc}") from exc
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return RenderedPrompt(text, list(ids))
+    return str(text)
 
 
 def validate_messages(messages: Any) -> None:
