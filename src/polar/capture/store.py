@@ -3,6 +3,16 @@
 ``append`` returns only after the record's transaction has committed, so a completion handed
 back to a harness is already on disk. Batching commits in one writer thread keeps that
 guarantee cheap under hundreds of concurrent sessions; reads use their own connection.
+
+A failed write never touches another record: each record is validated and encoded before its
+batch begins (a record that cannot be stored exactly fails alone, with :class:`CaptureError`);
+a constraint violation inside the batch rolls back that record's statement only; the prefix
+index and the per-session sequence numbers change only with rows that are in the database, and
+are dropped whenever a batch rolls back. When the store itself cannot commit (disk full, the
+write lock held past the busy timeout, an I/O error), every waiter of that batch gets
+:class:`InsufficientStorage` (507) or :class:`CaptureUnavailable` (503) naming the cause, new
+appends are refused at once, and one append every ``retry_after_s`` goes through as a probe:
+the first that commits ends the fault. Reads keep working throughout.
 """
 
 from __future__ import annotations
@@ -12,23 +22,20 @@ import queue
 import sqlite3
 import threading
 import time
-import zlib
+from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
 import zstandard
 
 from polar.capture.records import CaptureRecord
-from polar.capture.token_blobs import (
-    PrefixIndex,
-    blob_to_ids,
-    blob_to_logprobs,
-    ids_to_blob,
-    logprobs_to_blob,
-)
+from polar.capture.rows import BODY_FIELDS, RowDecoder
+from polar.capture.token_blobs import PrefixIndex, exact_ids, logprobs_to_blob
+from polar.errors import CaptureError, CaptureUnavailable, CorruptRecord, InsufficientStorage
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -60,45 +67,73 @@ CREATE TABLE IF NOT EXISTS completions (
 CREATE INDEX IF NOT EXISTS completions_by_session ON completions (session_id, seq);
 """
 
-# The body column is a zstd frame (level 1: a Claude-Code-sized call, 160 KB of JSON, compresses
-# in about 0.3 ms to 24 KB, where zlib level 1 took 1.4 ms for 50 KB). Stores written before
-# hold zlib streams; reading tells them apart by the frame's magic number.
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-def decompress_body(blob: bytes) -> bytes:
-    """The JSON of a stored body, zstd (current) or zlib (stores from before)."""
-    if blob[:4] == _ZSTD_MAGIC:
-        return zstandard.ZstdDecompressor().decompress(blob)
-    return zlib.decompress(blob)
-
-
-# Fields kept in the compressed ``body`` column rather than in columns of their own.
-_BODY_FIELDS = (
-    "engine",
-    "request",
-    "upstream_request",
-    "response",
-    "sampling",
-    "dropped_tools",
-    "notes",
-)
+Synchronous = Literal["NORMAL", "FULL"]
 _STOP = object()
+_PAGE = 64  # rows read per query when streaming a session's records
+# SQLite primary result codes (the low byte of an extended code) that mean the store, not the
+# record, is at fault.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_FULL = 5, 6, 13
+
+
+@dataclass
+class RecordFault:
+    """A stored row that does not decode exactly (what readers report in its place)."""
+
+    completion_id: str
+    session_id: str
+    seq: int
+    error: str
+
+
+@dataclass
+class _Encoded:
+    """A record's columns, computed before its batch so a bad record fails alone."""
+
+    record: CaptureRecord
+    prompt: np.ndarray
+    sampled: bytes
+    logprobs: bytes | None
+    flags: str
+    tags: str
+    body: bytes
 
 
 class CaptureStore:
-    """Append-only store of :class:`CaptureRecord` plus the sessions they belong to."""
+    """Append-only store of :class:`CaptureRecord` plus the sessions they belong to.
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", batch_max: int = 256):
+    ``synchronous``: NORMAL (the default) survives a process crash at every acknowledged call;
+    FULL also survives power loss (an fsync per commit). ``max_bytes`` caps the database: a
+    full store refuses new calls like a full disk. ``busy_timeout_s`` is how long a commit waits
+    for a write lock held by another connection before the store reports itself unavailable.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: Synchronous = "NORMAL",
+        batch_max: int = 256,
+        busy_timeout_s: float = 10.0,
+        max_bytes: int | None = None,
+        retry_after_s: float = 1.0,
+    ):
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._synchronous = synchronous
+        self.synchronous = synchronous
+        self.max_bytes = max_bytes
+        self.retry_after_s = retry_after_s
+        self._busy_ms = int(busy_timeout_s * 1000)
         self._batch_max = batch_max
         self._queue: queue.Queue[Any] = queue.Queue()
         self._prefixes = PrefixIndex()
         self._compressor = zstandard.ZstdCompressor(level=1)  # the writer thread's alone
         self._seq: dict[str, int] = {}
+        self._fault: CaptureUnavailable | None = None
+        self._probe_at = 0.0
         self._read = self._connect()
+        self._read.row_factory = sqlite3.Row
         self._read_lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="capture-writer", daemon=True)
         self._writer.start()
@@ -106,16 +141,37 @@ class CaptureStore:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         conn.executescript(_SCHEMA)
         return conn
 
     # -- writing -------------------------------------------------------------------------
 
     async def append(self, record: CaptureRecord) -> CaptureRecord:
-        """Store ``record`` durably; returns it with its per-session ``seq`` assigned."""
+        """Store ``record`` durably; returns it with its per-session ``seq`` assigned.
+
+        Raises :class:`CaptureError` if this record cannot be stored exactly, and
+        :class:`CaptureUnavailable` / :class:`InsufficientStorage` while the store cannot commit.
+        """
+        self.check_writable()
         return await asyncio.wrap_future(self.submit(("record", record)))
+
+    def check_writable(self) -> None:
+        """Raises the store's fault while it has one, except once every ``retry_after_s``: that
+        caller goes on and its write probes whether the fault has cleared."""
+        fault = self._fault
+        if fault is None:
+            return
+        now = time.monotonic()
+        if now < self._probe_at:
+            raise type(fault)(fault.message, retry_after=fault.retry_after)
+        self._probe_at = now + self.retry_after_s
+
+    @property
+    def fault(self) -> CaptureUnavailable | None:
+        """Why the store refuses writes now, or None."""
+        return self._fault
 
     async def add_session(self, session_id: str, metadata: dict[str, Any]) -> None:
         await asyncio.wrap_future(self.submit(("session", session_id, metadata)))
@@ -128,6 +184,8 @@ class CaptureStore:
         await asyncio.wrap_future(self.submit(("delete", session_id)))
 
     def submit(self, op: tuple[Any, ...]) -> Future[Any]:
+        if not self._writer.is_alive():
+            raise CaptureUnavailable("capture store is closed (its writer thread is not running)")
         future: Future[Any] = Future()
         self._queue.put((op, future))
         return future
@@ -141,39 +199,115 @@ class CaptureStore:
 
     def _write_loop(self) -> None:
         conn = self._connect()
+        limit: int | None = None
         try:
             while True:
-                first = self._queue.get()
-                if first is _STOP:
+                batch = self._next_batch()
+                if batch is None:
                     return
-                batch = [first]
-                while len(batch) < self._batch_max:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        self._queue.put(_STOP)
-                        break
-                    batch.append(item)
+                if self.max_bytes != limit:
+                    limit = self.max_bytes
+                    _set_max_bytes(conn, limit)
                 self._commit(conn, batch)
         finally:
             conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
-        results: list[Any] = []
-        try:
-            conn.execute("BEGIN")
-            for op, _ in batch:
-                results.append(self._apply(conn, op))
-            conn.execute("COMMIT")
-        except Exception as exc:  # every waiter must hear about a failed commit
-            conn.execute("ROLLBACK") if conn.in_transaction else None
-            for _, future in batch:
+    def _next_batch(self) -> list[tuple[tuple[Any, ...], Future[Any]]] | None:
+        """The next ops to commit together (None: stop), without those whose caller gave up
+        (a cancelled append was never acknowledged to anyone, so it is not written)."""
+        first = self._queue.get()
+        if first is _STOP:
+            return None
+        batch = [first]
+        while len(batch) < self._batch_max:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._queue.put(_STOP)
+                break
+            batch.append(item)
+        return [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Future[Any]]]) -> None:
+        ready: list[tuple[Any, Future[Any]]] = []
+        for op, future in batch:
+            try:
+                ready.append((self._prepare(op), future))
+            except CaptureError as exc:  # this record alone cannot be stored exactly
                 future.set_exception(exc)
+        if not ready:
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        done: list[tuple[Future[Any], Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, future in ready:
+                try:
+                    done.append((future, self._apply(conn, op)))
+                except sqlite3.IntegrityError as exc:  # only this statement was rolled back
+                    future.set_exception(CaptureError(f"completion not stored: {exc}"))
+            conn.execute("COMMIT")
+        except Exception as exc:  # nothing of this batch is stored; every waiter hears why
+            self._rolled_back(conn)
+            error = _store_error(exc, self._busy_ms) if isinstance(exc, sqlite3.Error) else None
+            if error is not None:
+                self._fault = error
+                self._probe_at = time.monotonic() + self.retry_after_s
+            for _, future in ready:
+                if not future.done():  # a record that failed alone already knows why
+                    future.set_exception(error or CaptureError(f"capture commit failed: {exc!r}"))
+            return
+        self._fault = None
+        for future, result in done:
             future.set_result(result)
+
+    def _rolled_back(self, conn: sqlite3.Connection) -> None:
+        """After a failed batch: undo it, and forget what the caches learned from it."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite already rolled back (it does on some disk-full and I/O errors)
+        self._prefixes.clear()
+        self._seq.clear()
+
+    def _prepare(self, op: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Everything about ``op`` that can fail without the database, done before the batch."""
+        kind = op[0]
+        if kind == "record":
+            return ("record", self._encode(op[1]))
+        if kind == "session":
+            try:
+                return ("session", op[1], orjson.dumps(op[2]))
+            except orjson.JSONEncodeError as exc:
+                raise CaptureError(f"session metadata cannot be stored: {exc}") from exc
+        if kind in ("close", "delete"):
+            return op
+        raise ValueError(f"unknown store operation {kind!r}")
+
+    def _encode(self, record: CaptureRecord) -> _Encoded:
+        n_sampled = len(record.sampled_ids)
+        if record.logprobs is not None and len(record.logprobs) != n_sampled:
+            raise CaptureError(
+                f"completion not stored: {len(record.logprobs)} logprobs for "
+                f"{n_sampled} sampled ids"
+            )
+        body = {name: getattr(record, name) for name in BODY_FIELDS}
+        try:
+            return _Encoded(
+                record=record,
+                prompt=exact_ids(record.prompt_ids, "prompt ids"),
+                sampled=exact_ids(record.sampled_ids, "sampled ids").tobytes(),
+                logprobs=logprobs_to_blob(record.logprobs),
+                flags=orjson.dumps(record.flags).decode(),
+                tags=orjson.dumps(record.tags).decode(),
+                body=self._compressor.compress(orjson.dumps(body)),
+            )
+        except (ValueError, TypeError, orjson.JSONEncodeError) as exc:
+            raise CaptureError(
+                f"completion not stored, it cannot be stored exactly: {exc}"
+            ) from exc
 
     def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> Any:
         kind = op[0]
@@ -181,8 +315,7 @@ class CaptureStore:
             return self._insert_record(conn, op[1])
         if kind == "session":
             conn.execute(
-                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?)",
-                (op[1], time.time(), orjson.dumps(op[2])),
+                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?)", (op[1], time.time(), op[2])
             )
             return None
         if kind == "close":
@@ -196,57 +329,61 @@ class CaptureStore:
                     (orjson.dumps(metadata), op[1]),
                 )
             return None
-        if kind == "delete":
-            conn.execute("DELETE FROM completions WHERE session_id = ?", (op[1],))
-            conn.execute("DELETE FROM sessions WHERE session_id = ?", (op[1],))
-            self._prefixes.forget(op[1])
-            self._seq.pop(op[1], None)
-            return None
-        raise ValueError(f"unknown store operation {kind!r}")
+        # delete
+        conn.execute("DELETE FROM completions WHERE session_id = ?", (op[1],))
+        conn.execute("DELETE FROM sessions WHERE session_id = ?", (op[1],))
+        self._prefixes.forget(op[1])
+        self._seq.pop(op[1], None)
+        return None
 
-    def _insert_record(self, conn: sqlite3.Connection, record: CaptureRecord) -> CaptureRecord:
+    def _insert_record(self, conn: sqlite3.Connection, enc: _Encoded) -> CaptureRecord:
+        record = enc.record
         sid = record.session_id
-        if sid not in self._seq:
+        seq = self._seq.get(sid)
+        if seq is None:
             row = conn.execute(
                 "SELECT MAX(seq) FROM completions WHERE session_id = ?", (sid,)
             ).fetchone()
-            self._seq[sid] = -1 if row[0] is None else int(row[0])
-        self._seq[sid] += 1
-        record.seq = self._seq[sid]
-        ref = self._prefixes.encode(sid, record.completion_id, record.prompt_ids)
-        body = {name: getattr(record, name) for name in _BODY_FIELDS}
+            seq = -1 if row[0] is None else int(row[0])
+        ref = self._prefixes.choose(sid, enc.prompt)
         conn.execute(
             "INSERT INTO completions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 record.completion_id,
                 sid,
-                record.seq,
+                seq + 1,
                 record.provider,
                 record.model,
                 record.finish_reason,
                 record.started_at,
                 record.finished_at,
                 record.policy_version,
-                len(record.prompt_ids),
+                len(enc.prompt),
                 len(record.sampled_ids),
-                orjson.dumps(record.flags).decode(),
-                orjson.dumps(record.tags).decode(),
+                enc.flags,
+                enc.tags,
                 ref.base_id,
                 ref.prefix_len,
                 ref.suffix.tobytes(),
-                ids_to_blob(record.sampled_ids),
-                logprobs_to_blob(record.logprobs),
-                self._compressor.compress(orjson.dumps(body)),
+                enc.sampled,
+                enc.logprobs,
+                enc.body,
             ),
         )
+        # The row is in (this transaction): only now may later prompts build on it.
+        self._seq[sid] = record.seq = seq + 1
+        self._prefixes.remember(sid, record.completion_id, enc.prompt)
         return record
 
     # -- reading -------------------------------------------------------------------------
 
     def _rows(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
         with self._read_lock:
-            self._read.row_factory = sqlite3.Row
             return self._read.execute(sql, params).fetchall()
+
+    def _row(self, completion_id: str) -> sqlite3.Row | None:
+        rows = self._rows("SELECT * FROM completions WHERE completion_id = ?", (completion_id,))
+        return rows[0] if rows else None
 
     def session_ids(self) -> list[str]:
         return [
@@ -257,6 +394,16 @@ class CaptureStore:
     def sessions(self) -> dict[str, dict[str, Any]]:
         rows = self._rows("SELECT session_id, metadata FROM sessions", ())
         return {r["session_id"]: orjson.loads(r["metadata"]) for r in rows}
+
+    def call_counts(self, session_id: str | None = None) -> dict[str, int]:
+        """Stored calls per session (all sessions, or one): the store is the count's truth."""
+        sql = "SELECT session_id, COUNT(*) FROM completions"
+        params: tuple[str, ...] = ()
+        if session_id is None:
+            sql += " GROUP BY session_id"
+        else:
+            sql, params = sql + " WHERE session_id = ?", (session_id,)
+        return {r[0]: r[1] for r in self._rows(sql, params) if r[0] is not None}
 
     def summaries(self, session_id: str) -> list[dict[str, Any]]:
         """One small dict per call (no token payloads): for listing a session's completions."""
@@ -275,55 +422,44 @@ class CaptureStore:
         return out
 
     def records(self, session_id: str) -> list[CaptureRecord]:
-        """All records of a session in call order, prompts rebuilt from their shared prefixes."""
-        rows = self._rows(
-            "SELECT * FROM completions WHERE session_id = ? ORDER BY seq", (session_id,)
-        )
-        prompts: dict[str, np.ndarray] = {}
-        return [self._record(r, prompts) for r in rows]
+        """All records of a session in call order, prompts rebuilt from their shared prefixes.
 
-    def record(self, completion_id: str) -> CaptureRecord | None:
-        rows = self._rows("SELECT * FROM completions WHERE completion_id = ?", (completion_id,))
-        if not rows:
+        Raises :class:`CorruptRecord` naming the first row that does not decode exactly.
+        """
+        out = []
+        for item in self.iter_records(session_id):
+            if isinstance(item, RecordFault):
+                raise CorruptRecord(item.completion_id, item.error)
+            out.append(item)
+        return out
+
+    def iter_records(
+        self, session_id: str, *, after_seq: int = -1, limit: int | None = None
+    ) -> Iterator[CaptureRecord | RecordFault]:
+        """A session's records in call order, read a page at a time (memory stays bounded
+        however long the session); a row that does not decode yields a :class:`RecordFault`."""
+        decoder = RowDecoder(self._row)
+        left = limit
+        while left is None or left > 0:
+            page = _PAGE if left is None else min(_PAGE, left)
+            rows = self._rows(
+                "SELECT * FROM completions WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (session_id, after_seq, page),
+            )
+            for row in rows:
+                yield decode_or_fault(decoder, row)
+            if len(rows) < page:
+                return
+            after_seq = rows[-1]["seq"]
+            left = None if left is None else left - len(rows)
+
+    def record(self, completion_id: str, *, session_id: str | None = None) -> CaptureRecord | None:
+        """One record by completion id (None if absent, or not of ``session_id`` when given);
+        raises :class:`CorruptRecord` if it does not decode exactly."""
+        row = self._row(completion_id)
+        if row is None or (session_id is not None and row["session_id"] != session_id):
             return None
-        prompts: dict[str, np.ndarray] = {}
-        return self._record(rows[0], prompts)
-
-    def _prompt(self, row: sqlite3.Row, prompts: dict[str, np.ndarray]) -> np.ndarray:
-        suffix = blob_to_ids(row["prompt_suffix"])
-        base_id = row["prompt_base"]
-        if base_id is None:
-            prompt = suffix
-        else:
-            base = prompts.get(base_id)
-            if base is None:
-                base_rows = self._rows(
-                    "SELECT * FROM completions WHERE completion_id = ?", (base_id,)
-                )
-                base = self._prompt(base_rows[0], prompts)
-            prompt = np.concatenate([base[: row["prompt_prefix_len"]], suffix])
-        prompts[row["completion_id"]] = prompt
-        return prompt
-
-    def _record(self, row: sqlite3.Row, prompts: dict[str, np.ndarray]) -> CaptureRecord:
-        body = orjson.loads(decompress_body(row["body"]))
-        return CaptureRecord(
-            completion_id=row["completion_id"],
-            session_id=row["session_id"],
-            seq=row["seq"],
-            provider=row["provider"],
-            model=row["model"],
-            policy_version=row["policy_version"],
-            started_at=row["started_at"],
-            finished_at=row["finished_at"],
-            prompt_ids=self._prompt(row, prompts).tolist(),
-            sampled_ids=blob_to_ids(row["sampled"]).tolist(),
-            logprobs=blob_to_logprobs(row["logprobs"]),
-            finish_reason=row["finish_reason"],
-            flags=orjson.loads(row["flags"]),
-            tags=orjson.loads(row["tags"]),
-            **body,
-        )
+        return RowDecoder(self._row).record(row)
 
     def storage_stats(self, session_id: str) -> dict[str, int]:
         """Prompt tokens captured vs stored, to show the prefix sharing at work."""
@@ -336,3 +472,40 @@ class CaptureStore:
             "prompt_tokens_captured": rows[0]["captured"] or 0,
             "prompt_tokens_stored": rows[0]["stored"] or 0,
         }
+
+
+def decode_or_fault(decoder: RowDecoder, row: sqlite3.Row) -> CaptureRecord | RecordFault:
+    """The row's record, or the fault that keeps it from decoding exactly (named by this row
+    even when the broken link is further up its prompt's chain of bases)."""
+    cid = row["completion_id"]
+    try:
+        return decoder.record(row)
+    except CorruptRecord as exc:
+        reason = exc.reason
+        if exc.completion_id != cid:
+            reason = f"its prompt's chain of bases is broken at {exc.completion_id}: {reason}"
+        return RecordFault(cid, row["session_id"], row["seq"], reason)
+
+
+def _set_max_bytes(conn: sqlite3.Connection, max_bytes: int | None) -> None:
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = 4294967294 if max_bytes is None else max(1, max_bytes // page_size)
+    conn.execute(f"PRAGMA max_page_count={pages}")
+
+
+def _store_error(exc: sqlite3.Error, busy_ms: int) -> CaptureUnavailable:
+    """The provider-facing error for a commit the store could not make, naming the cause."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code == _SQLITE_FULL or "disk is full" in str(exc):
+        return InsufficientStorage(
+            f"capture store is full ({exc}): new calls are refused until space returns; "
+            "stored records stay readable",
+            retry_after=5,
+        )
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return CaptureUnavailable(
+            f"capture store write lock held by another connection for over {busy_ms} ms "
+            f"({exc}): new calls are refused until it is released",
+            retry_after=1,
+        )
+    return CaptureUnavailable(f"capture store cannot commit ({exc})", retry_after=1)

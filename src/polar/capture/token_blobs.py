@@ -16,8 +16,24 @@ _IDS = np.dtype("<i4")
 _LOGPROBS = np.dtype("<f8")  # float64: the exact value the engine sent in JSON
 
 
+_ID_MAX = np.iinfo(_IDS).max
+
+
 def ids_to_blob(ids: list[int] | np.ndarray) -> bytes:
     return np.asarray(ids, dtype=_IDS).tobytes()
+
+
+def exact_ids(values: list[int] | np.ndarray, what: str) -> np.ndarray:
+    """``values`` as stored ids, or ValueError if storing them would change any of them."""
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return np.zeros(0, dtype=_IDS)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{what} are not a flat list of integers")
+    low, high = int(arr.min()), int(arr.max())
+    if low < 0 or high > _ID_MAX:
+        raise ValueError(f"{what} hold {low if low < 0 else high}, outside 0..{_ID_MAX}")
+    return arr.astype(_IDS, copy=False)
 
 
 def blob_to_ids(blob: bytes | None) -> np.ndarray:
@@ -48,7 +64,11 @@ class PrefixRef:
 
 
 class PrefixIndex:
-    """Recent prompts per session (bounded), to find the best base for a new prompt."""
+    """Recent committed prompts per session (bounded), to find the best base for a new prompt.
+
+    The store asks for a base with :meth:`choose` and calls :meth:`remember` only once the
+    prompt's row is in the database, so a base is always a stored row of the same session.
+    """
 
     def __init__(self, per_session: int = 4, max_sessions: int = 4096, min_shared: int = 16):
         self.per_session = per_session
@@ -56,15 +76,17 @@ class PrefixIndex:
         self.min_shared = min_shared
         self._recent: OrderedDict[str, deque[tuple[str, np.ndarray]]] = OrderedDict()
 
-    def encode(self, session_id: str, completion_id: str, prompt: list[int]) -> PrefixRef:
-        """Pick the base sharing the longest prefix, then remember this prompt."""
-        ids = np.asarray(prompt, dtype=_IDS)
-        recent = self._recent.get(session_id)
+    def choose(self, session_id: str, ids: np.ndarray) -> PrefixRef:
+        """The stored prompt of this session sharing the longest prefix with ``ids``."""
         best = PrefixRef(None, 0, ids)
-        for base_id, base in recent or ():
+        for base_id, base in self._recent.get(session_id) or ():
             shared = common_prefix_len(base, ids)
             if shared >= self.min_shared and shared > best.prefix_len:
                 best = PrefixRef(base_id, shared, ids[shared:])
+        return best
+
+    def remember(self, session_id: str, completion_id: str, ids: np.ndarray) -> None:
+        recent = self._recent.get(session_id)
         if recent is None:
             recent = self._recent[session_id] = deque(maxlen=self.per_session)
             if len(self._recent) > self.max_sessions:
@@ -72,7 +94,10 @@ class PrefixIndex:
         else:
             self._recent.move_to_end(session_id)
         recent.append((completion_id, ids))
-        return best
 
     def forget(self, session_id: str) -> None:
         self._recent.pop(session_id, None)
+
+    def clear(self) -> None:
+        """Drop everything (after a rolled-back transaction: no base may name a lost row)."""
+        self._recent.clear()

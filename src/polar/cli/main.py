@@ -8,10 +8,19 @@ import sys
 from collections.abc import Sequence
 
 from polar import __version__
-from polar.cli import demo, harness, quickstart, rollout, serve_engine, serve_gateway, train
+from polar.cli import (
+    capture,
+    demo,
+    harness,
+    quickstart,
+    rollout,
+    serve_engine,
+    serve_gateway,
+    train,
+)
 from polar.errors import ConfigError
 
-COMMANDS = (quickstart, demo, serve_gateway, serve_engine, rollout, harness, train)
+COMMANDS = (quickstart, demo, serve_gateway, serve_engine, rollout, harness, train, capture)
 
 
 def build_parser() -> argparse.ArgumentParser:

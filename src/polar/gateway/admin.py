@@ -6,13 +6,19 @@ raw Starlette endpoint to keep its per-request overhead small.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+import orjson
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.capture.records import CaptureRecord
+from polar.capture.store import RecordFault
+from polar.errors import CaptureError, CorruptRecord
 from polar.gateway.sessions import GatewaySession, base_urls, new_session_id
 
 
@@ -61,13 +67,13 @@ def require_admin(
 router = APIRouter(prefix="/polar", dependencies=[Depends(require_admin)], tags=["admin"])
 
 
-def _info(request: Request, session: GatewaySession) -> SessionInfo:
+def _info(request: Request, session: GatewaySession, calls: int) -> SessionInfo:
     return SessionInfo(
         session_id=session.session_id,
         api_key=session.session_id,
         base_urls=base_urls(request.app.state.config.base_url(), session.session_id),
         created_at=session.created_at,
-        calls=session.calls,
+        calls=calls,
         metadata=session.metadata,
     )
 
@@ -85,19 +91,25 @@ async def create_session(request: Request, spec: CreateSession) -> SessionInfo:
     session_id = spec.session_id or new_session_id()
     if sessions.get(session_id) is not None:
         raise HTTPException(status_code=409, detail=f"session {session_id!r} exists")
+    try:
+        await request.app.state.store.add_session(session_id, spec.metadata)
+    except CaptureError as exc:  # the store cannot write now (full, locked): say so
+        raise HTTPException(status_code=exc.status, detail=exc.message) from exc
     session = sessions.add(GatewaySession(session_id=session_id, metadata=spec.metadata))
-    await request.app.state.store.add_session(session_id, spec.metadata)
-    return _info(request, session)
+    return _info(request, session, 0)
 
 
 @router.get("/sessions")
 async def list_sessions(request: Request) -> list[SessionInfo]:
-    return [_info(request, s) for s in request.app.state.sessions.all()]
+    calls = request.app.state.store.call_counts()
+    return [_info(request, s, calls.get(s.session_id, 0)) for s in request.app.state.sessions.all()]
 
 
 @router.get("/sessions/{session_id}")
 async def get_session(request: Request, session_id: str) -> SessionInfo:
-    return _info(request, _session(request, session_id))
+    session = _session(request, session_id)
+    calls = request.app.state.store.call_counts(session_id).get(session_id, 0)
+    return _info(request, session, calls)
 
 
 @router.get("/sessions/{session_id}/completions")
@@ -106,16 +118,39 @@ async def list_completions(request: Request, session_id: str) -> list[dict[str, 
     return request.app.state.store.summaries(session_id)
 
 
-@router.get("/sessions/{session_id}/records")
-async def get_records(request: Request, session_id: str) -> list[CaptureRecord]:
+@router.get("/sessions/{session_id}/records", response_model=list[CaptureRecord])
+def get_records(
+    request: Request,
+    session_id: str,
+    after_seq: int = Query(-1, ge=-1, description="Only calls after this seq (paging)."),
+    limit: int | None = Query(None, ge=1, description="At most this many records."),
+) -> StreamingResponse:
+    """The session's records in call order, streamed a page of rows at a time. A row that does
+    not decode is reported in its place as ``{completion_id, session_id, seq, error}``."""
     _session(request, session_id)
-    return request.app.state.store.records(session_id)
+    items = request.app.state.store.iter_records(session_id, after_seq=after_seq, limit=limit)
+    return StreamingResponse(_json_array(items), media_type="application/json")
+
+
+def _json_array(items: Iterable[CaptureRecord | RecordFault]) -> Iterator[bytes]:
+    yield b"["
+    for i, item in enumerate(items):
+        yield b"," if i else b""
+        if isinstance(item, RecordFault):
+            yield orjson.dumps(dataclasses.asdict(item))
+        else:
+            yield orjson.dumps(item.model_dump())
+    yield b"]"
 
 
 @router.get("/sessions/{session_id}/records/{completion_id}")
-async def get_record(request: Request, session_id: str, completion_id: str) -> CaptureRecord:
-    record = request.app.state.store.record(completion_id)
-    if record is None or record.session_id != _session(request, session_id).session_id:
+def get_record(request: Request, session_id: str, completion_id: str) -> CaptureRecord:
+    _session(request, session_id)
+    try:
+        record = request.app.state.store.record(completion_id, session_id=session_id)
+    except CorruptRecord as exc:
+        raise HTTPException(status_code=500, detail=f"corrupt {exc}") from exc
+    if record is None:
         raise HTTPException(status_code=404, detail=f"unknown completion {completion_id!r}")
     return record
 

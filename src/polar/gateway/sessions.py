@@ -18,10 +18,12 @@ def new_session_id() -> str:
 
 @dataclass
 class GatewaySession:
+    """A live session. How many calls it made is the capture store's to say (it survives a
+    restart there): ``CaptureStore.call_counts``."""
+
     session_id: str
     created_at: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
-    calls: int = 0
 
 
 def split_session_prefix(path: str) -> tuple[str | None, str]:
