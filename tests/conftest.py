@@ -18,6 +18,10 @@ from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
 
+# The scripted engine stands in for a larger-context model than SmolLM2's 8k: Claude Code's and
+# Gemini CLI's first prompts alone are ~20k tokens with this tokenizer.
+LARGE_CONTEXT = 131072
+
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
@@ -41,6 +45,7 @@ class GatewayHarness:
         self.store = store
         self.app = app
         self.base_url = server.url
+        self.render_mode = "auto"
 
     def new_session(self, **metadata: Any) -> SessionHandle:
         reply = httpx.post(f"{self.base_url}/polar/sessions", json={"metadata": metadata})
@@ -70,7 +75,9 @@ def _gateway_server(
 ) -> Iterator[GatewayHarness]:
     db: Path = tmp_path_factory.mktemp("gateway") / "captures.db"
     config = GatewayConfig(capture_db=db, served_model="SmolLM2-135M-Instruct")
-    engine = ScriptedEngine(ScriptedBackend(Script(), tokenizer=tokenizer))
+    engine = ScriptedEngine(
+        ScriptedBackend(Script(), tokenizer=tokenizer, max_model_len=LARGE_CONTEXT)
+    )
     store = CaptureStore(db)
     app = create_app(config, engine=engine, store=store)
     with BackgroundServer(app) as server:
@@ -83,3 +90,26 @@ def live_gateway(_gateway_server: GatewayHarness) -> Iterator[GatewayHarness]:
     _gateway_server.reset()
     yield _gateway_server
     _gateway_server.reset()
+
+
+@pytest.fixture(scope="session", params=["engine", "gateway"])
+def noncanonical_gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tokenizer: Any
+) -> Iterator[GatewayHarness]:
+    """A live gateway whose engine samples as real models do (pretty-printed tool-call JSON,
+    non-canonical tokenizations), once per render mode: ``engine`` (the engine re-renders
+    history, so contexts drift) and ``gateway`` (token prompts built from the sampled ids)."""
+    mode = str(request.param)
+    db: Path = tmp_path_factory.mktemp(f"gateway-{mode}") / "captures.db"
+    config = GatewayConfig(capture_db=db, render={"mode": mode})
+    backend = ScriptedBackend(
+        Script(), tokenizer=tokenizer, noncanonical=True, max_model_len=LARGE_CONTEXT
+    )
+    engine = ScriptedEngine(backend)
+    store = CaptureStore(db)
+    app = create_app(config, engine=engine, store=store)
+    with BackgroundServer(app) as server:
+        config.public_url = server.url
+        harness = GatewayHarness(server, engine, store, app)
+        harness.render_mode = mode
+        yield harness

@@ -35,6 +35,18 @@ class InvalidRequest(GatewayError):
     kind = "invalid_request"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt does not fit the model's context window (HTTP 400). Each provider words it
+    its own way, since harnesses key their compaction on that wording."""
+
+    kind = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens > {limit} maximum")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
 class AuthenticationFailed(GatewayError):
     """No session matches the key or URL prefix (HTTP 401)."""
 
@@ -85,6 +97,13 @@ class EngineError(GatewayError):
     kind = "engine_error"
 
 
+class MalformedEngineReply(EngineError):
+    """The engine's reply has a field that cannot be read exactly, e.g. a token id that is not
+    an integer (HTTP 502); ``flag`` names the fault as record flags do."""
+
+    flag = "engine_reply_malformed"
+
+
 class EngineRejected(EngineError):
     """The engine refused the request as invalid (HTTP 400 passed on to the caller)."""
 
@@ -104,6 +123,41 @@ class EngineTimeout(EngineError):
 
     status = 504
     kind = "timeout"
+
+
+class CaptureError(GatewayError):
+    """A completion could not be stored exactly, so it was not acknowledged (HTTP 500).
+
+    Only the call whose record failed gets this; the records beside it in the same group
+    commit are stored and acknowledged as usual.
+    """
+
+    status = 500
+    kind = "capture_error"
+
+
+class CaptureUnavailable(CaptureError):
+    """The capture store cannot commit now (its write lock is held past the busy timeout, an
+    I/O error); new calls are refused until a write succeeds again, reads keep working (503)."""
+
+    status = 503
+    kind = "capture_unavailable"
+
+
+class InsufficientStorage(CaptureUnavailable):
+    """The capture store's disk, or its configured size limit, is full (HTTP 507)."""
+
+    status = 507
+    kind = "insufficient_storage"
+
+
+class CorruptRecord(PolarError):
+    """A stored record cannot be decoded exactly; ``completion_id`` names the row."""
+
+    def __init__(self, completion_id: str, reason: str):
+        super().__init__(f"record {completion_id}: {reason}")
+        self.completion_id = completion_id
+        self.reason = reason
 
 
 class ConfigError(PolarError):

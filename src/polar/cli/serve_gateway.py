@@ -27,7 +27,27 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port (default 8100)")
     p.add_argument("--engine", help="engine kind: vllm, sglang, scripted, or module:Class")
     p.add_argument("--engine-url", help="engine server URL (vllm/sglang)")
-    p.add_argument("--served-model", help="model name sent upstream on every call")
+    p.add_argument(
+        "--served-model", help="model name sent upstream (default: what the engine serves)"
+    )
+    p.add_argument(
+        "--context-window",
+        type=int,
+        help="the model's context window (default: the engine's max_model_len)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, help="cap on output tokens per call (larger asks are clamped)"
+    )
+    p.add_argument(
+        "--render",
+        choices=["auto", "gateway", "engine"],
+        help="who renders prompts (default auto: the gateway when it knows the tokenizer)",
+    )
+    p.add_argument("--tokenizer", help="served model's tokenizer: HF dir, .gguf or hub id")
+    p.add_argument("--chat-template", help="a .jinja chat template replacing the tokenizer's")
+    p.add_argument(
+        "--tool-parser", help="hermes (default), qwen3, qwen3_coder, llama3_json, module:Class"
+    )
     p.add_argument("--capture-db", help="SQLite capture store path")
     p.add_argument("--auto-register", action="store_true", help="accept unknown keys as sessions")
     p.add_argument("--admin-token", help="token required on /polar admin routes")
@@ -44,20 +64,43 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
     else:
         config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig()
     updates: dict[str, Any] = {}
-    for name in ("host", "port", "served_model", "capture_db", "admin_token"):
+    for name in ("host", "port", "served_model", "capture_db", "admin_token", "context_window"):
         value = getattr(args, name)
         if value is not None:
             updates[name] = value
     if args.auto_register:
         updates["auto_register"] = True
+    if args.max_tokens is not None:
+        updates["sampling"] = config.sampling.model_copy(update={"max_tokens": args.max_tokens})
+    render = {
+        key: getattr(args, attr)
+        for key, attr in (
+            ("mode", "render"),
+            ("tokenizer", "tokenizer"),
+            ("chat_template", "chat_template"),
+            ("tool_parser", "tool_parser"),
+        )
+        if getattr(args, attr) is not None
+    }
+    if render:
+        updates["render"] = config.render.model_copy(update=render)
+    engine_set = "kind" in config.engine.model_fields_set
     if args.engine or args.engine_url:
         engine = config.engine.model_dump()
         if args.engine:
             engine["kind"] = args.engine
+        elif not engine_set:
+            # An engine URL alone is an OpenAI-compatible server, never the scripted stand-in.
+            engine["kind"] = "vllm"
         if args.engine_url:
             engine["base_url"] = args.engine_url
-            engine.setdefault("kind", "vllm")
         updates["engine"] = EngineConfig.model_validate(engine)
+    elif not engine_set:
+        raise ConfigError(
+            "no engine given: use --engine-url URL (a vLLM or SGLang server; --engine sglang for "
+            "SGLang), --engine embedded (SmolLM2 on CPU), or --engine scripted (canned replies, "
+            "for tests and demos)"
+        )
     return config.model_validate(config.model_dump() | updates)
 
 
@@ -65,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     app = create_app(config)
     print(
-        f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}); "
-        f"create a session: POST {config.base_url()}/polar/sessions"
+        f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}, render: "
+        f"{config.render.mode}); create a session: POST {config.base_url()}/polar/sessions"
     )
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False)
     return 0

@@ -30,7 +30,7 @@ def create_app(
 ) -> FastAPI:
     """A gateway for ``config``; ``engine`` and ``store`` may be injected (tests, trainers)."""
     engine = engine or create_engine(config.engine)
-    store = store or CaptureStore(config.capture_db)
+    store = store or CaptureStore(config.capture_db, synchronous=config.capture_synchronous)
     sessions = SessionTable()
     for session_id, metadata in store.sessions().items():
         if not metadata.get("closed"):
@@ -40,6 +40,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Ask the engine what it serves now: a wrong URL fails the start, in words.
+        await proxy.facts()
         node = app.state.node
         if node is not None:
             await node.start()

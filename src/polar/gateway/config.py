@@ -53,6 +53,42 @@ class NodeConfig(BaseModel):
     keep_finished: int = Field(4096, ge=0, description="Finished sessions kept for GET.")
 
 
+class RenderConfig(BaseModel):
+    """Who renders prompts: the gateway (token prompts, exact merged contexts) or the engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "gateway", "engine"] = Field(
+        "auto",
+        description="gateway: the gateway renders with the served model's tokenizer and chat "
+        "template, splices sampled ids for this session's earlier turns and sends token ids; "
+        "engine: the engine renders chat messages (contexts may drift from what was sampled); "
+        "auto: gateway whenever a tokenizer is known (in-process engines, `tokenizer`, or a "
+        "model directory the engine reports), else engine with a warning.",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="The served model's tokenizer: HF directory, .gguf file or hub id "
+        "(default: the in-process engine's, else the engine's model directory).",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A .jinja file or a template Polar ships (smollm2_tools) replacing the "
+        "tokenizer's own.",
+    )
+    tool_parser: str = Field(
+        "hermes",
+        description="How sampled text becomes tool calls and reasoning: hermes, qwen3, "
+        "qwen3_coder, llama3_json, or module:Class.",
+    )
+    eot_token: str | None = Field(
+        None, description="The end-of-turn token (default: the tokenizer's eos token)."
+    )
+    turns_kept: int = Field(
+        16, ge=1, description="Sampled turns remembered per session for splicing."
+    )
+
+
 class GatewayConfig(BaseModel):
     """Everything a gateway node needs to proxy and capture."""
 
@@ -69,8 +105,13 @@ class GatewayConfig(BaseModel):
     )
     sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
     context_window: int | None = Field(
-        None, gt=0, description="If set, output budgets are clamped so prompt + output fit."
+        None,
+        gt=0,
+        description="The model's context window; default: what the engine reports "
+        "(vLLM's max_model_len). Output budgets are clamped so prompt + output fit, and a "
+        "prompt that does not fit gets the provider's context-length error.",
     )
+    render: RenderConfig = Field(default_factory=RenderConfig)
     capture_db: Path = Field(Path("polar-captures.db"), description="SQLite capture store path.")
     store_raw_requests: bool = Field(True, description="Keep each provider-native request body.")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
@@ -79,6 +120,11 @@ class GatewayConfig(BaseModel):
     policy_version: int = 0
     node: NodeConfig | None = Field(
         None, description="Run the session lifecycle (a rollout node) beside the proxy."
+    )
+    capture_synchronous: Literal["NORMAL", "FULL"] = Field(
+        "NORMAL",
+        description="Capture durability: NORMAL survives a process crash at every acknowledged "
+        "call; FULL also survives power loss (an fsync per group commit).",
     )
 
     def base_url(self) -> str:

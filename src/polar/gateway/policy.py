@@ -9,16 +9,24 @@ from polar.providers.types import NormalizedRequest
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")
 
 
-def apply_policy(request: NormalizedRequest, config: GatewayConfig) -> list[str]:
-    """Force the served model and the run's sampling; return flags for what was changed."""
+def apply_policy(
+    request: NormalizedRequest, config: GatewayConfig, served_model: str | None = None
+) -> list[str]:
+    """Force the served model and the run's sampling; return flags for what was changed.
+
+    ``served_model`` is the name the engine answers to when the config names none. In
+    ``override`` mode every knob the policy covers is the run's, an unset one included (a
+    client's ``topK`` never reaches the engine); ``default`` mode only fills gaps.
+    """
     flags: list[str] = []
-    if config.served_model:
-        request.model = config.served_model
+    served = config.served_model or served_model
+    if served:
+        request.model = served
     policy = config.sampling
     for name in _SAMPLING_FIELDS:
         value = getattr(policy, name)
-        if value is not None and (
-            policy.mode == "override" or getattr(request.params, name) is None
+        if policy.mode == "override" or (
+            value is not None and getattr(request.params, name) is None
         ):
             setattr(request.params, name, value)
     cap = policy.max_tokens
@@ -29,12 +37,3 @@ def apply_policy(request: NormalizedRequest, config: GatewayConfig) -> list[str]
             request.params.max_tokens = cap
             flags.append(FLAG_MAX_TOKENS_CLAMPED)
     return flags
-
-
-def clamp_to_context(request: NormalizedRequest, prompt_tokens: int, context_window: int) -> bool:
-    """Shrink the output budget so prompt + output fit the window; True if it changed."""
-    room = max(1, context_window - prompt_tokens)
-    if request.params.max_tokens is None or request.params.max_tokens > room:
-        request.params.max_tokens = room
-        return True
-    return False

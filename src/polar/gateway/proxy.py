@@ -9,14 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from polar.capture.records import CaptureRecord
+from polar.capture.records import (
+    MAX_REQUEST_DEPTH,
+    CaptureRecord,
+    new_completion_id,
+    within_request_depth,
+)
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
 from polar.engines.types import EngineResult
@@ -30,7 +36,8 @@ from polar.errors import (
 )
 from polar.gateway.config import GatewayConfig
 from polar.gateway.pause import GenerationGate
-from polar.gateway.policy import apply_policy, clamp_to_context
+from polar.gateway.policy import apply_policy
+from polar.gateway.rendering import EngineFacts, TokenPrompts, discover, fit_output_budget
 from polar.gateway.sessions import (
     GatewaySession,
     SessionTable,
@@ -43,6 +50,7 @@ from polar.providers.registry import ProviderSet
 from polar.providers.types import Completion, NormalizedRequest
 
 log = logging.getLogger("polar.gateway")
+T = TypeVar("T")
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _BARE_PATHS = {"", "/", "/v1", "/v1/", "/v1beta", "/v1beta/"}
@@ -79,6 +87,9 @@ class Proxy:
         self.providers = ProviderSet()
         self.policy_version = config.policy_version
         self.pause_wait_s = 600.0
+        self.prompts: TokenPrompts | None = None
+        self._facts: EngineFacts | None = None
+        self._facts_lock = asyncio.Lock()
 
     async def __call__(self, request: Request) -> Response:
         key, path = split_session_prefix(request.url.path)
@@ -109,8 +120,7 @@ class Proxy:
             normalized = provider.parse_request(body, ctx)
             tag_side_call(session, normalized, ctx)
             if operation == COUNT_TOKENS:
-                count = await self.engine.count_tokens(normalized)
-                return json_response(provider.render_token_count(count))
+                return json_response(provider.render_token_count(await self._count(normalized)))
             return await self._generate(provider, session, normalized, body, request.receive)
         except GatewayError as err:
             return self._error(provider, err)
@@ -159,31 +169,63 @@ class Proxy:
         receive: Receive,
     ) -> Response:
         started = time.time()
-        flags = apply_policy(normalized, self.config)
+        facts = await self.facts()
+        flags = apply_policy(normalized, self.config, facts.served_model)
+        plan = None
         async with self.gate.admit(self.pause_wait_s):
-            if self.config.context_window:
-                prompt_tokens = await self.engine.count_tokens(normalized)
-                if clamp_to_context(normalized, prompt_tokens, self.config.context_window):
-                    flags.append("max_tokens_clamped_to_context")
-            result = await self._complete(normalized, receive)
+            if self.prompts is not None:
+                plan = await self.prompts.plan(
+                    session.session_id, normalized, facts.context_window, flags
+                )
+                tokens = await self._complete(
+                    self.engine.complete_tokens(plan.ids, normalized), receive
+                )
+                result = self.prompts.result(plan, tokens, normalized, self.engine.name)
+            else:
+                if facts.context_window:
+                    prompt_tokens = await self.engine.count_tokens(normalized)
+                    fit_output_budget(normalized, prompt_tokens, facts.context_window, flags)
+                result = await self._complete(self.engine.complete(normalized), receive)
             version = (
                 result.policy_version if result.policy_version is not None else self.policy_version
             )
         record = self._record(provider, session, normalized, body, result, started, version, flags)
         await self.store.append(record)
-        session.calls += 1
-        completion = result.completion
+        if plan is not None and self.prompts is not None:
+            self.prompts.remember(session.session_id, plan, record.completion_id, result)
+        completion = with_gateway_id(result.completion, record)
         if normalized.stream:
             frames = provider.render_stream(completion, normalized)
             return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
         return json_response(provider.render_response(completion, normalized))
 
-    async def _complete(self, normalized: NormalizedRequest, receive: Receive) -> EngineResult:
+    async def facts(self) -> EngineFacts:
+        """What the engine serves (model, window) and the renderer; resolved once."""
+        if self._facts is None:
+            async with self._facts_lock:
+                if self._facts is None:
+                    facts = await discover(self.config, self.engine)
+                    if facts.renderer is not None:
+                        self.prompts = TokenPrompts(
+                            facts.renderer, self.config.render.turns_kept, self.sessions
+                        )
+                    self._facts = facts
+        return self._facts
+
+    async def _count(self, normalized: NormalizedRequest) -> int:
+        """Token counting (count_tokens, input_tokens, countTokens) for the SERVED model."""
+        facts = await self.facts()
+        apply_policy(normalized, self.config, facts.served_model)
+        if facts.renderer is not None:
+            return await asyncio.to_thread(facts.renderer.count, normalized)
+        return await self.engine.count_tokens(normalized)
+
+    async def _complete(self, engine_call: Awaitable[T], receive: Receive) -> T:
         """The engine's result, unless the caller hangs up first: then the engine call is
         cancelled (vLLM and SGLang abort a request whose connection closes, the embedded engine
         drops it), so a harness that gave up on a call stops costing engine time. Nothing is
         lost: a completion nobody received is not part of any trajectory."""
-        call = asyncio.ensure_future(self.engine.complete(normalized))
+        call = asyncio.ensure_future(engine_call)
         gone = asyncio.ensure_future(_disconnect(receive))
         try:
             await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -211,7 +253,8 @@ class Proxy:
     ) -> CaptureRecord:
         completion = result.completion
         return CaptureRecord(
-            completion_id=completion.id,
+            completion_id=new_completion_id(),
+            engine_completion_id=completion.id,
             session_id=session.session_id,
             provider=provider.name,
             model=normalized.model,
@@ -237,6 +280,12 @@ class Proxy:
         provider = provider or self.providers.by_name["openai_chat"]
         headers = {"retry-after": str(int(err.retry_after))} if err.retry_after else None
         return json_response(provider.error_body(err), status=err.status, headers=headers)
+
+
+def with_gateway_id(completion: Completion, record: CaptureRecord) -> Completion:
+    """The completion under its record's id, as the harness sees it (engines may repeat ids)."""
+    completion.id = record.completion_id
+    return completion
 
 
 def assistant_message(completion: Completion) -> dict[str, Any]:
@@ -277,6 +326,9 @@ def _loads(raw: bytes) -> Any:
     if not raw:
         raise InvalidRequest("request body is empty; expected JSON")
     try:
-        return orjson.loads(raw)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    if not within_request_depth(body):
+        raise InvalidRequest(f"request body nests deeper than {MAX_REQUEST_DEPTH} levels")
+    return body

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from polar.errors import GatewayError, InvalidRequest
+from polar.errors import ContextLengthExceeded, GatewayError, InvalidRequest
 from polar.providers.base import (
     COUNT_TOKENS,
     GENERATE,
@@ -156,7 +156,13 @@ class GoogleProvider(Provider):
         status = _ERROR_STATUS_BY_KIND.get(error.kind) or _ERROR_STATUS_BY_CODE.get(
             error.status, "INTERNAL"
         )
-        return {"error": {"code": error.status, "message": error.message, "status": status}}
+        message = error.message
+        if isinstance(error, ContextLengthExceeded):
+            message = (
+                f"The input token count ({error.prompt_tokens}) exceeds the maximum number of "
+                f"tokens allowed ({error.limit})."
+            )
+        return {"error": {"code": error.status, "message": message, "status": status}}
 
     def stream_error(self, error: GatewayError) -> bytes:
         return sse(self.error_body(error))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar.errors import GatewayError
+from polar.errors import ContextLengthExceeded, GatewayError
 
 _TYPES = {
     "invalid_request": "invalid_request_error",
+    "context_length_exceeded": "invalid_request_error",
     "authentication": "authentication_error",
     "permission": "permission_error",
     "not_found": "not_found_error",
@@ -21,9 +22,16 @@ _TYPES = {
 
 def openai_error_body(error: GatewayError) -> dict[str, Any]:
     """``{"error": {message, type, param, code}}`` as the OpenAI API returns it."""
+    message = error.message
+    if isinstance(error, ContextLengthExceeded):
+        message = (
+            f"This model's maximum context length is {error.limit} tokens. However, your "
+            f"messages resulted in {error.prompt_tokens} tokens. Please reduce the length of "
+            "the messages."
+        )
     return {
         "error": {
-            "message": error.message,
+            "message": message,
             "type": _TYPES.get(error.kind, "server_error"),
             "param": None,
             "code": error.kind,

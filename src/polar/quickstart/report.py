@@ -167,8 +167,12 @@ def _cards(total: Counts) -> str:
         (str(total.calls), "model calls captured"),
         (str(total.traces), "traces"),
         (merge, "calls per trace (merge)"),
+        (f"{total.context_exact_calls}/{total.merged_calls}", "context-exact merged calls"),
         (f"{total.drift_turns}/{total.drift_tokens}", "drift turns / tokens"),
-        (str(total.breaks), "merge breaks"),
+        (
+            ", ".join(f"{k} {v}" for k, v in sorted(total.splits.items())) or "0",
+            "trace splits by reason",
+        ),
         (f"{total.trainable_tokens:,}", "trainable tokens"),
         (reward, f"mean reward ({total.passed} passed)"),
     ]

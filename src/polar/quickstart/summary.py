@@ -6,6 +6,7 @@ captured calls), so the table, ``summary.json`` and the files can never disagree
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from statistics import fmean
@@ -34,6 +35,9 @@ class Counts:
     drift_tokens: int
     breaks: int
     trainable_tokens: int
+    merged_calls: int = 0
+    context_exact_calls: int = 0
+    splits: dict[str, int] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
     passed: int = 0
 
@@ -116,6 +120,13 @@ def _counts(results: list[SessionResult], calls: Mapping[str, int]) -> Counts:
         drift_tokens=sum(int(tr.metadata.get("drift_tokens", 0)) for tr in trajectories),
         breaks=sum(sum(tr.metadata.get("breaks", {}).values()) for tr in trajectories),
         trainable_tokens=sum(sum(t.loss_mask) for t in traces),
+        merged_calls=sum(int(tr.metadata.get("merged_calls", 0)) for tr in trajectories),
+        context_exact_calls=sum(
+            int(tr.metadata.get("context_exact_calls", 0)) for tr in trajectories
+        ),
+        splits=dict(
+            sum((Counter(tr.metadata.get("breaks", {})) for tr in trajectories), Counter())
+        ),
         rewards=[r.reward for r in results if r.reward is not None],
         passed=sum(1 for r in results if r.metadata.get("passed") is True),
     )
@@ -125,7 +136,7 @@ def summary_table(summary: RunSummary) -> Table:
     """One row per task and a total row; the run's facts go in the caption."""
     table = Table(title="Polar quickstart", box=box.SIMPLE_HEAVY, caption=_caption(summary))
     table.add_column("task")
-    for name in ("sessions", "ok", "timeout", "error", "calls", "traces", "merge", "drift"):
+    for name in ("sessions", "ok", "timeout", "error", "calls", "traces", "merge", "exact"):
         table.add_column(name, justify="right")
     table.add_column("reward", justify="right")
     for task_id, counts in summary.tasks.items():
@@ -146,7 +157,7 @@ def _cells(c: Counts) -> list[str]:
         str(c.calls),
         str(c.traces),
         merge,
-        f"{c.drift_turns}/{c.drift_tokens}",
+        f"{c.context_exact_calls}/{c.merged_calls}",
         f"{reward} ({c.passed}/{c.sessions})",
     ]
 

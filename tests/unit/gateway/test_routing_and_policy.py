@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import pytest
+
 from polar.engines.types import FLAG_MAX_TOKENS_CLAMPED
+from polar.errors import ContextLengthExceeded
 from polar.gateway.config import GatewayConfig, SamplingPolicy
-from polar.gateway.policy import apply_policy, clamp_to_context
+from polar.gateway.policy import apply_policy
+from polar.gateway.rendering import fit_output_budget
 from polar.gateway.sessions import base_urls, key_from_headers, new_session_id, split_session_prefix
 from polar.providers.types import NormalizedRequest, SamplingParams
 
@@ -60,8 +64,18 @@ def test_policy_overrides_or_fills_and_clamps():
     )
 
 
-def test_clamp_to_context():
+def test_output_budget_is_fitted_to_the_context_and_the_record_says_so():
     request = _request(max_tokens=32000)
-    assert clamp_to_context(request, prompt_tokens=1600, context_window=2048)
+    flags: list[str] = []
+    fit_output_budget(request, prompt_tokens=1600, window=2048, flags=flags)
     assert request.params.max_tokens == 448
-    assert not clamp_to_context(request, prompt_tokens=100, context_window=2048)
+    assert flags == ["max_tokens_clamped_to_context", "max_tokens:32000->448"]
+    flags.clear()
+    fit_output_budget(request, prompt_tokens=100, window=2048, flags=flags)
+    assert flags == [] and request.params.max_tokens == 448
+
+
+def test_a_prompt_that_fills_the_window_is_refused_with_the_real_counts():
+    with pytest.raises(ContextLengthExceeded) as info:
+        fit_output_budget(_request(max_tokens=10), prompt_tokens=2048, window=2048, flags=[])
+    assert (info.value.prompt_tokens, info.value.limit, info.value.status) == (2048, 2048, 400)

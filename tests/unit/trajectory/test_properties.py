@@ -134,7 +134,7 @@ def test_every_merged_call_saw_exactly_its_trace_context(smollm2, spec):
     """The builder invariant, checked independently of the builder's own bookkeeping: for every
     call of every trace, the trace's tokens before that call's sampled ids are its engine
     prompt. Random drift (non-canonical tokenizations, length stops) only splits traces."""
-    agents, records = play(smollm2, spec)
+    _, records = play(smollm2, spec)
     traj = PrefixMergingBuilder().build(records)
     by_id = {r.completion_id: r for r in records}
     merged = 0

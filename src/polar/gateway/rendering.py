@@ -1,0 +1,223 @@
+"""What the gateway learns from its engine at start, and its token-in call path.
+
+At start (and lazily, for gateways built without a lifespan) the gateway asks the engine what
+it serves (``/v1/models``: model name, ``max_model_len``), so a harness's own model name and a
+missing ``context_window`` need no YAML, and a wrong engine URL is reported at once in words.
+With gateway-side rendering, each call is planned by :class:`polar.rendering.Renderer`, sent
+as token ids, and its sampled text parsed back into the reply the harness expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polar.engines.base import Engine
+from polar.engines.types import EngineResult, ModelInfo, SampledTokens, TokenCapture
+from polar.errors import ConfigError, ContextLengthExceeded, GatewayError
+from polar.gateway.config import GatewayConfig, RenderConfig
+from polar.gateway.sessions import SessionTable
+from polar.providers.types import Completion, NormalizedRequest
+from polar.rendering.renderer import PromptPlan, Renderer
+from polar.rendering.turns import TurnBook
+
+log = logging.getLogger("polar.gateway")
+
+FLAG_RENDERED_BY_GATEWAY = "rendered_by_gateway"
+FLAG_SPLICED = "prompt_extends_sampled_turn"
+FLAG_RENDERED_WHOLE = "prompt_rendered_whole"
+FLAG_CLAMPED_TO_CONTEXT = "max_tokens_clamped_to_context"
+
+
+@dataclass
+class EngineFacts:
+    """The served model, its context window and the renderer, as resolved at start."""
+
+    served_model: str | None
+    context_window: int | None
+    renderer: Renderer | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def render_mode(self) -> str:
+        return "gateway" if self.renderer is not None else "engine"
+
+
+async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
+    """Ask the engine what it serves; build the renderer the config asks for."""
+    info = await _model_info(engine)
+    served = config.served_model or (info.name if info else None)
+    window = config.context_window or (info.max_model_len if info else None)
+    notes = []
+    if info is not None and config.served_model and config.served_model != info.name:
+        notes.append(
+            f"served_model {config.served_model!r} differs from the engine's {info.name!r}"
+        )
+    renderer = await asyncio.to_thread(_renderer, config.render, engine, info)
+    if renderer is None and config.render.mode == "auto":
+        notes.append(
+            "no tokenizer known for the served model: the engine renders prompts, so merged "
+            "traces split wherever its re-rendering differs from what was sampled; set "
+            "render.tokenizer to render in the gateway"
+        )
+    for note in notes:
+        log.warning(note)
+    return EngineFacts(served, window, renderer, notes)
+
+
+async def _model_info(engine: Engine) -> ModelInfo | None:
+    try:
+        return await engine.model_info()
+    except GatewayError as exc:
+        hint = ""
+        url = str(getattr(engine, "base_url", ""))
+        if url.rstrip("/").endswith("/v1"):
+            hint = f" (the engine URL {url} ends in /v1: give the server root instead)"
+        raise ConfigError(f"cannot read the engine's model list (/v1/models): {exc}{hint}") from exc
+
+
+def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Renderer | None:
+    if render.mode == "engine":
+        return None
+    tokenizer = _tokenizer(render, engine, info)
+    if tokenizer is None:
+        if render.mode == "gateway":
+            raise ConfigError(
+                "render: gateway needs the served model's tokenizer: set render.tokenizer to "
+                "its HF directory, .gguf file or hub id"
+            )
+        return None
+    from polar.rendering.chat_template import bundled_template
+    from polar.rendering.parsers.registry import get_tool_parser
+
+    template = None
+    if render.chat_template:
+        path = Path(render.chat_template)
+        template = path.read_text("utf-8") if path.is_file() else bundled_template(path.stem)
+    return Renderer(
+        tokenizer,
+        get_tool_parser(render.tool_parser),
+        chat_template=template,
+        eot_token=render.eot_token,
+    )
+
+
+def _tokenizer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Any:
+    from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
+
+    if render.tokenizer:
+        if Path(render.tokenizer).exists():
+            return load_tokenizer(render.tokenizer)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(render.tokenizer)
+    local = engine.local_tokenizer()
+    if local is not None:
+        return local
+    if info is not None and info.root and (Path(info.root) / "tokenizer_config.json").is_file():
+        return load_tokenizer(info.root)
+    if info is not None and info.name == SMOLLM2_MODEL_NAME:
+        return load_tokenizer()
+    return None
+
+
+class TokenPrompts:
+    """The token-in path: plan a prompt, check it fits, generate, parse, remember the turn."""
+
+    def __init__(self, renderer: Renderer, turns_kept: int, sessions: SessionTable) -> None:
+        self.renderer = renderer
+        self.turns_kept = turns_kept
+        self.sessions = sessions
+        self._books: dict[str, TurnBook] = {}
+
+    def book(self, session_id: str) -> TurnBook:
+        book = self._books.get(session_id)
+        if book is None:
+            # A new session is the moment to let go of the books of finished ones.
+            for gone in [s for s in self._books if self.sessions.get(s) is None]:
+                del self._books[gone]
+            book = self._books[session_id] = TurnBook(self.turns_kept)
+        return book
+
+    async def plan(
+        self, session_id: str, request: NormalizedRequest, window: int | None, flags: list[str]
+    ) -> PromptPlan:
+        plan = await asyncio.to_thread(self.renderer.plan, self.book(session_id), request)
+        if window is not None:
+            fit_output_budget(request, len(plan.ids), window, flags)
+        flags.append(FLAG_RENDERED_BY_GATEWAY)
+        if plan.spliced_from is not None:
+            flags.append(FLAG_SPLICED)
+        else:
+            flags.append(f"{FLAG_RENDERED_WHOLE}:{plan.fresh_reason}")
+        return plan
+
+    def result(
+        self, plan: PromptPlan, tokens: SampledTokens, request: NormalizedRequest, engine: str
+    ) -> EngineResult:
+        parsed, _ = self.renderer.parse(tokens.sampled_ids, request)
+        finish = "tool_calls" if parsed.tool_calls else tokens.finish_reason
+        prompt_ids = tokens.prompt_ids if tokens.prompt_ids is not None else plan.ids
+        completion = Completion(
+            id="cmpl-" + uuid.uuid4().hex,
+            model=request.model,
+            content=parsed.content,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
+            finish_reason=finish,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(tokens.sampled_ids),
+            created=int(time.time()),
+        )
+        upstream = {
+            **tokens.upstream_request,
+            "messages": request.messages,
+            "tools": request.tools,
+            "prompt_spliced_from": plan.spliced_from,
+        }
+        return EngineResult(
+            completion=completion,
+            tokens=TokenCapture(
+                prompt_ids, tokens.sampled_ids, tokens.logprobs, list(tokens.flags)
+            ),
+            engine=engine,
+            upstream_request=upstream,
+            sampling=tokens.sampling,
+            policy_version=tokens.policy_version,
+        )
+
+    def remember(
+        self, session_id: str, plan: PromptPlan, completion_id: str, result: EngineResult
+    ) -> None:
+        """Only acknowledged completions are remembered: no harness can echo any other."""
+        exact = PromptPlan(result.tokens.prompt_ids, plan.digest, plan.spliced_from)
+        calls = [call.id for call in result.completion.tool_calls]
+        self.renderer.remember(
+            self.book(session_id),
+            exact,
+            completion_id,
+            result.tokens.sampled_ids,
+            result.completion.content,
+            calls,
+        )
+
+
+def fit_output_budget(
+    request: NormalizedRequest, prompt_tokens: int, window: int, flags: list[str]
+) -> None:
+    """Refuse a prompt that leaves no room (the provider's own context error, no engine call);
+    lower an output budget that does not fit, and say so on the record."""
+    if prompt_tokens >= window:
+        raise ContextLengthExceeded(prompt_tokens, window)
+    room = window - prompt_tokens
+    asked = request.params.max_tokens
+    if asked is None or asked > room:
+        request.params.max_tokens = room
+        flags.append(FLAG_CLAMPED_TO_CONTEXT)
+        if asked is not None:
+            flags.append(f"max_tokens:{asked}->{room}")
