@@ -12,7 +12,7 @@ per record (the process's CPU time over the cell, per record: the loop's share i
 records are built before the clock starts). ``--synchronous FULL`` measures the power-loss-safe
 mode; the default is NORMAL.
 
-Run from the repository root: ``.venv/bin/python bench/capture_cost.py`` (about a minute),
+Run from the repository root: ``.venv/bin/python bench/capture_cost.py`` (about 2 minutes),
 ``--quick`` for fewer records. Markdown on stdout.
 """
 
@@ -109,9 +109,9 @@ def main() -> None:
     parser.add_argument("--synchronous", nargs="+", default=["NORMAL", "FULL"])
     parser.add_argument("--bodies", nargs="+", default=list(SIZES))
     parser.add_argument("--sessions", nargs="+", type=int, default=[1, 32])
-    parser.add_argument("--repeat", type=int, default=3, help="best of N runs per cell")
+    parser.add_argument("--repeat", type=int, default=5, help="best of N runs per cell")
     args = parser.parse_args()
-    turns = 10 if args.quick else 30
+    turns = 10 if args.quick else 30  # per session; a lone session runs 4x as many
     print(
         "| body | sessions | records | synchronous | wall ms/record | p50 ms | p99 ms "
         "| CPU ms/record | DB KB/record |"
@@ -123,7 +123,8 @@ def main() -> None:
                 runs = []
                 for _ in range(args.repeat):
                     with tempfile.TemporaryDirectory() as tmp:
-                        cell = run_cell(Path(tmp) / "c.db", body, sessions, turns, sync)
+                        n = turns * 4 if sessions == 1 else turns
+                        cell = run_cell(Path(tmp) / "c.db", body, sessions, n, sync)
                         runs.append(asyncio.run(cell))
                 r = min(runs, key=lambda c: c["wall_ms"])
                 print(

@@ -235,7 +235,7 @@ class CaptureStore:
         for op, future in batch:
             try:
                 ready.append((self._prepare(op), future))
-            except CaptureError as exc:  # this record alone cannot be stored exactly
+            except (CaptureError, ValueError) as exc:  # this one alone cannot be stored
                 future.set_exception(exc)
         if not ready:
             return

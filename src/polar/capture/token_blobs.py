@@ -16,24 +16,21 @@ _IDS = np.dtype("<i4")
 _LOGPROBS = np.dtype("<f8")  # float64: the exact value the engine sent in JSON
 
 
-_ID_MAX = np.iinfo(_IDS).max
-
-
-def ids_to_blob(ids: list[int] | np.ndarray) -> bytes:
-    return np.asarray(ids, dtype=_IDS).tobytes()
-
-
 def exact_ids(values: list[int] | np.ndarray, what: str) -> np.ndarray:
-    """``values`` as stored ids, or ValueError if storing them would change any of them."""
-    arr = np.asarray(values)
-    if arr.size == 0:
-        return np.zeros(0, dtype=_IDS)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"{what} are not a flat list of integers")
-    low, high = int(arr.min()), int(arr.max())
-    if low < 0 or high > _ID_MAX:
-        raise ValueError(f"{what} hold {low if low < 0 else high}, outside 0..{_ID_MAX}")
-    return arr.astype(_IDS, copy=False)
+    """``values`` as stored ids, or ValueError if storing them would change any of them.
+
+    Records hold validated ints, so the conversion itself is the check: numpy refuses ints
+    outside int32; negative ids are refused here.
+    """
+    try:
+        arr = np.asarray(values, dtype=_IDS)
+    except OverflowError as exc:
+        raise ValueError(f"{what} do not fit 32 bits: {exc}") from exc
+    if arr.ndim != 1:
+        raise ValueError(f"{what} are not a flat list")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{what} hold {int(arr.min())}, a negative id")
+    return arr
 
 
 def blob_to_ids(blob: bytes | None) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,6 +14,7 @@ from polar import __version__
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
 from polar.engines.registry import create_engine
+from polar.errors import EngineTimeout, EngineUnavailable
 from polar.gateway import admin
 from polar.gateway.config import GatewayConfig
 from polar.gateway.pause import GenerationGate
@@ -40,8 +42,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Ask the engine what it serves now: a wrong URL fails the start, in words.
-        await proxy.facts()
+        # Ask the engine what it serves now: a wrong URL fails the start, in words. An engine
+        # that is not up yet is asked again on the first call.
+        try:
+            await proxy.facts()
+        except (EngineUnavailable, EngineTimeout) as exc:
+            logging.getLogger("polar.gateway").warning("engine not reachable yet: %s", exc)
         node = app.state.node
         if node is not None:
             await node.start()

@@ -19,7 +19,13 @@ from typing import Any
 
 from polar.engines.base import Engine
 from polar.engines.types import EngineResult, ModelInfo, SampledTokens, TokenCapture
-from polar.errors import ConfigError, ContextLengthExceeded, GatewayError
+from polar.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    EngineTimeout,
+    EngineUnavailable,
+    GatewayError,
+)
 from polar.gateway.config import GatewayConfig, RenderConfig
 from polar.gateway.sessions import SessionTable
 from polar.providers.types import Completion, NormalizedRequest
@@ -71,14 +77,15 @@ async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
 
 
 async def _model_info(engine: Engine) -> ModelInfo | None:
+    url = str(getattr(engine, "base_url", ""))
+    if url.rstrip("/").endswith("/v1"):
+        raise ConfigError(f"the engine URL {url} ends in /v1: give the server root instead")
     try:
         return await engine.model_info()
+    except (EngineUnavailable, EngineTimeout):
+        raise  # the engine is down (or not up yet): the caller gets a 503, nothing is cached
     except GatewayError as exc:
-        hint = ""
-        url = str(getattr(engine, "base_url", ""))
-        if url.rstrip("/").endswith("/v1"):
-            hint = f" (the engine URL {url} ends in /v1: give the server root instead)"
-        raise ConfigError(f"cannot read the engine's model list (/v1/models): {exc}{hint}") from exc
+        raise ConfigError(f"cannot read the engine's model list (/v1/models): {exc}") from exc
 
 
 def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Renderer | None:
@@ -216,8 +223,8 @@ def fit_output_budget(
         raise ContextLengthExceeded(prompt_tokens, window)
     room = window - prompt_tokens
     asked = request.params.max_tokens
-    if asked is None or asked > room:
+    if asked is None:
+        request.params.max_tokens = room  # what the engine would grant; in the record's sampling
+    elif asked > room:
         request.params.max_tokens = room
-        flags.append(FLAG_CLAMPED_TO_CONTEXT)
-        if asked is not None:
-            flags.append(f"max_tokens:{asked}->{room}")
+        flags += [FLAG_CLAMPED_TO_CONTEXT, f"max_tokens:{asked}->{room}"]

@@ -12,24 +12,27 @@ from polar.capture.store import CaptureStore
 
 
 def _record(
-    session: str, cid: str, prompt: list[int], sampled: list[int], logprobs=None
+    session: str, cid: str, prompt: list[int], sampled: list[int], logprobs=None, **fields
 ) -> CaptureRecord:
     now = time.time()
     return CaptureRecord(
-        completion_id=cid,
-        session_id=session,
-        provider="openai_chat",
-        model="m",
-        engine="scripted",
-        started_at=now,
-        finished_at=now,
-        request={"messages": [{"role": "user", "content": "x"}]},
-        upstream_request={"model": "m"},
-        response={"role": "assistant", "content": "y"},
-        prompt_ids=prompt,
-        sampled_ids=sampled,
-        logprobs=logprobs,
-        finish_reason="stop",
+        **{
+            "completion_id": cid,
+            "session_id": session,
+            "provider": "openai_chat",
+            "model": "m",
+            "engine": "scripted",
+            "started_at": now,
+            "finished_at": now,
+            "request": {"messages": [{"role": "user", "content": "x"}]},
+            "upstream_request": {"model": "m"},
+            "response": {"role": "assistant", "content": "y"},
+            "prompt_ids": prompt,
+            "sampled_ids": sampled,
+            "logprobs": logprobs,
+            "finish_reason": "stop",
+        }
+        | fields
     )
 
 

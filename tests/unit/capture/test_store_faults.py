@@ -18,27 +18,11 @@ from polar.capture.verify import verify_store
 from polar.cli.main import main as polar_main
 from polar.errors import CaptureError, CaptureUnavailable, CorruptRecord, InsufficientStorage
 
+from .test_store import _record as store_record
 
-def _record(session: str, cid: str, prompt: list[int], sampled: list[int] | None = None, **kw):
-    now = time.time()
-    sampled = sampled if sampled is not None else [7, 8, 2]
-    return CaptureRecord(
-        completion_id=cid,
-        session_id=session,
-        provider="openai_chat",
-        model="m",
-        engine="test",
-        started_at=now,
-        finished_at=now,
-        request=kw.pop("request", {"messages": [{"role": "user", "content": "x"}]}),
-        upstream_request={"model": "m"},
-        response={"role": "assistant", "content": "y"},
-        prompt_ids=prompt,
-        sampled_ids=sampled,
-        logprobs=kw.pop("logprobs", [-0.25] * len(sampled)),
-        finish_reason="stop",
-        **kw,
-    )
+
+def _record(session: str, cid: str, prompt: list[int], sampled=(7, 8, 2), **fields):
+    return store_record(session, cid, prompt, list(sampled), [-0.25] * len(sampled), **fields)
 
 
 def _nested(depth: int) -> dict:
@@ -104,6 +88,7 @@ def test_bad_records_in_a_batch_fail_alone(tmp_path):
                     _record("s", "c3", [*base, 1, 2, 3]),
                     _record("t", "c0", [1, 2]),  # a duplicate id
                     _record("s", "c4", [*base, 1, 2, 3, 4]),
+                    _record("s", "negative", [*base, -1]),
                 )
             ]
             await asyncio.sleep(0.1)
@@ -111,8 +96,9 @@ def test_bad_records_in_a_batch_fail_alone(tmp_path):
 
     results = asyncio.run(batch())
     failed = [r for r in results if isinstance(r, BaseException)]
-    assert len(failed) == 3 and all(type(e) is CaptureError for e in failed)
+    assert len(failed) == 4 and all(type(e) is CaptureError for e in failed)
     assert "2147483648" in str(results[3]) and "Recursion" in str(results[2])
+    assert "negative" in str(results[-1])
     records = store.records("s")
     assert [r.completion_id for r in records] == ["c0", "c1", "c2", "c3", "c4"]
     assert [r.seq for r in records] == [0, 1, 2, 3, 4]  # a failed record takes no seq
