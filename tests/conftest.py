@@ -74,7 +74,11 @@ def _gateway_server(
     tmp_path_factory: pytest.TempPathFactory, tokenizer: Any
 ) -> Iterator[GatewayHarness]:
     db: Path = tmp_path_factory.mktemp("gateway") / "captures.db"
-    config = GatewayConfig(capture_db=db, served_model="SmolLM2-135M-Instruct")
+    # The scripted engine writes reasoning as Qwen3 does (<think>...</think>), so the gateway
+    # parses its sampled text with the qwen3 parser (hermes tool calls after a think block).
+    config = GatewayConfig(
+        capture_db=db, served_model="SmolLM2-135M-Instruct", render={"tool_parser": "qwen3"}
+    )
     engine = ScriptedEngine(
         ScriptedBackend(Script(), tokenizer=tokenizer, max_model_len=LARGE_CONTEXT)
     )
@@ -101,7 +105,7 @@ def noncanonical_gateway(
     history, so contexts drift) and ``gateway`` (token prompts built from the sampled ids)."""
     mode = str(request.param)
     db: Path = tmp_path_factory.mktemp(f"gateway-{mode}") / "captures.db"
-    config = GatewayConfig(capture_db=db, render={"mode": mode})
+    config = GatewayConfig(capture_db=db, render={"mode": mode, "tool_parser": "qwen3"})
     backend = ScriptedBackend(
         Script(), tokenizer=tokenizer, noncanonical=True, max_model_len=LARGE_CONTEXT
     )

@@ -8,6 +8,8 @@ import pytest
 
 from polar.engines.scripted import ScriptedReply
 
+from .engine_replies import engine_tokens
+
 pytestmark = pytest.mark.slow
 
 TOOLS = [
@@ -24,11 +26,8 @@ def _assert_faithful(live_gateway, key):
     records = live_gateway.records(key)
     assert len(records) == len(live_gateway.engine_log) > 0
     for record, reply in zip(records, live_gateway.engine_log, strict=True):
-        choice = reply["choices"][0]
         assert record.provider == "anthropic"
-        assert record.prompt_ids == reply["prompt_token_ids"]
-        assert record.sampled_ids == choice["token_ids"]
-        assert record.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert (record.prompt_ids, record.sampled_ids, record.logprobs) == engine_tokens(reply)
     return records
 
 

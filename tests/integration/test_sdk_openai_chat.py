@@ -9,6 +9,8 @@ import pytest
 
 from polar.engines.scripted import ScriptedReply
 
+from .engine_replies import engine_tokens, gap_flags
+
 pytestmark = pytest.mark.slow
 
 TOOLS = [
@@ -34,12 +36,9 @@ def _assert_faithful(live_gateway, key):
     records = live_gateway.records(key)
     assert len(records) == len(live_gateway.engine_log)
     for record, reply in zip(records, live_gateway.engine_log, strict=True):
-        choice = reply["choices"][0]
-        assert record.prompt_ids == reply["prompt_token_ids"]
-        assert record.sampled_ids == choice["token_ids"]
-        assert record.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert (record.prompt_ids, record.sampled_ids, record.logprobs) == engine_tokens(reply)
         assert record.provider == "openai_chat"
-        assert record.flags == []
+        assert gap_flags(record.flags) == []
     return records
 
 

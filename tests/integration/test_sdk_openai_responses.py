@@ -9,6 +9,8 @@ import pytest
 
 from polar.engines.scripted import ScriptedReply
 
+from .engine_replies import engine_tokens
+
 pytestmark = pytest.mark.slow
 
 TOOLS = [
@@ -59,9 +61,7 @@ def test_function_call_round_trip(live_gateway, stream):
     assert second.output_text == "Done: a.txt"
     records = live_gateway.records(session.key)
     for record, reply in zip(records, live_gateway.engine_log, strict=True):
-        assert record.prompt_ids == reply["prompt_token_ids"]
-        assert record.sampled_ids == reply["choices"][0]["token_ids"]
-        assert record.logprobs == [e["logprob"] for e in reply["choices"][0]["logprobs"]["content"]]
+        assert (record.prompt_ids, record.sampled_ids, record.logprobs) == engine_tokens(reply)
     sent = records[1].upstream_request["messages"]
     assert sent[0] == {"role": "system", "content": "You are Codex."}
     assistant = sent[2]

@@ -88,6 +88,7 @@ def _sampled(
         sampling=dict(reply.get("sampling") or {}),
         flags=flags,
         policy_version=version if isinstance(version, int) else None,
+        engine_id=str(reply["id"]) if reply.get("id") else None,
     )
 
 

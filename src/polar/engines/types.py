@@ -55,6 +55,7 @@ class SampledTokens:
     sampling: dict[str, Any]
     flags: list[str] = field(default_factory=list)
     policy_version: int | None = None
+    engine_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class RenderConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["auto", "gateway", "engine"] = Field(
-        "engine",
+        "auto",
         description="gateway: the gateway renders with the served model's tokenizer and chat "
         "template, splices sampled ids for this session's earlier turns and sends token ids; "
         "engine: the engine renders chat messages (contexts may drift from what was sampled); "

@@ -169,6 +169,7 @@ class Proxy:
         receive: Receive,
     ) -> Response:
         started = time.time()
+        self.store.check_writable()  # a full or locked store refuses before the engine runs
         facts = await self.facts()
         flags = apply_policy(normalized, self.config, facts.served_model)
         plan = None

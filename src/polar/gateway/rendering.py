@@ -171,7 +171,7 @@ class TokenPrompts:
         finish = "tool_calls" if parsed.tool_calls else tokens.finish_reason
         prompt_ids = tokens.prompt_ids if tokens.prompt_ids is not None else plan.ids
         completion = Completion(
-            id="cmpl-" + uuid.uuid4().hex,
+            id=tokens.engine_id or "cmpl-" + uuid.uuid4().hex,
             model=request.model,
             content=parsed.content,
             reasoning=parsed.reasoning,

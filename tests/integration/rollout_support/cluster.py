@@ -4,8 +4,10 @@ and a trainer's callback receiver, all real HTTP servers in this process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,13 +45,22 @@ class ConversationEngine(ScriptedEngine):
         self.calls = 0
 
     async def complete(self, request: NormalizedRequest) -> EngineResult:
+        async with self._turn(request):
+            return await super().complete(request)
+
+    async def complete_tokens(self, prompt_ids: list[int], request: NormalizedRequest) -> Any:
+        async with self._turn(request):
+            return await super().complete_tokens(prompt_ids, request)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, request: NormalizedRequest) -> AsyncIterator[None]:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         async with self.lock:
             last = request.messages[-1] if request.messages else {}
             self.backend.script.push(FINAL if last.get("role") == "tool" else TOOL_CALL)
             self.calls += 1
-            return await super().complete(request)
+            yield
 
 
 def free_port() -> int:
