@@ -201,3 +201,32 @@ def test_sessions_with_random_drift_are_one_exact_trace(renderer: Renderer, step
     meta = trajectory.metadata
     assert meta["num_traces"] == 1, meta["breaks"]
     assert meta["merged_calls"] == meta["context_exact_calls"] == len(steps) - 1
+
+
+def test_a_template_that_drops_past_reasoning_still_gives_one_exact_trace() -> None:
+    """Qwen3's template strips reasoning from turns before the latest user query, so an
+    engine re-rendering history rewrites what was sampled; splicing never re-renders it."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from polar.engines.model_files import tokenizer_cache_path
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)
+    tok.add_tokens(["<think>", "</think>"])  # added, not special: decoding keeps them, as Qwen3
+    template = Path(__file__).parents[1] / "trajectory" / "qwen3_chat_template.jinja"
+    tok.chat_template = template.read_text()
+    qwen = Renderer(tok, get_tool_parser("qwen3"))
+    harness = Harness(qwen)
+    call = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    harness.call("<think>\nI should look first.\n</think>\n\n" + call, split=True)
+    harness.call("<think>\nThe listing is fine.\n</think>\n\nAll good.", split=False)
+    harness.call("<think>\nAnother query.\n</think>\n\nDone again.", split=True)
+    trajectory = PrefixMergingBuilder().build(harness.records)
+    assert trajectory.metadata["num_traces"] == 1, trajectory.metadata["breaks"]
+    assert trajectory.metadata["context_exact_calls"] == 2
+    # What an engine-side rendering of the same history gives instead (reasoning dropped):
+    last = harness.records[-1]
+    history = [*harness.messages[:-2]]
+    history[2] = {**history[2], "reasoning": "I should look first."}
+    assert render_prompt(tok, history, TOOLS).ids != last.prompt_ids
