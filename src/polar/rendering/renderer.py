@@ -40,6 +40,7 @@ class PromptPlan:
     digest: bytes
     spliced_from: str | None = None
     fresh_reason: str | None = None
+    base: SampledTurn | None = None  # the turn it extends
 
 
 class Renderer:
@@ -103,7 +104,7 @@ class Renderer:
         if tail is None:
             return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE)
         ids = [*turn.prompt_ids, *turn.sampled_ids, *self.encode(tail)]
-        return PromptPlan(ids, digest, spliced_from=turn.completion_id)
+        return PromptPlan(ids, digest, spliced_from=turn.completion_id, base=turn)
 
     def remember(
         self,
@@ -115,12 +116,18 @@ class Renderer:
         tool_call_ids: list[str],
     ) -> None:
         """Enter a finished call so later requests that continue it can extend it exactly."""
+        base, own = None, plan.ids
+        if plan.base is not None:
+            shared = len(plan.base.prompt_ids) + len(plan.base.sampled_ids)
+            if plan.ids[:shared] == [*plan.base.prompt_ids, *plan.base.sampled_ids]:
+                base, own = plan.base, plan.ids[shared:]
         turn = SampledTurn(
             completion_id=completion_id,
-            prompt_ids=array("i", plan.ids),
+            own_ids=array("i", own),
             sampled_ids=array("i", sampled_ids),
             context_digest=plan.digest,
             ended_with_eot=bool(sampled_ids) and sampled_ids[-1] == self.eot_id,
+            base=base,
         )
         book.add(turn, content, tool_call_ids, bool(tool_call_ids))
 

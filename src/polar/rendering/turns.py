@@ -23,13 +23,28 @@ DEFAULT_TURNS_KEPT = 16
 
 @dataclass(frozen=True)
 class SampledTurn:
-    """One rendered call: what the engine was given and what it sampled."""
+    """One rendered call: what the engine was given and what it sampled.
+
+    A prompt that extends an earlier turn is stored as that turn (``base``) plus the ids after
+    its sampled ones (``own_ids``), so a session's turns cost its unique tokens, not the sum
+    of its prompts.
+    """
 
     completion_id: str
-    prompt_ids: array[int]
+    own_ids: array[int]
     sampled_ids: array[int]
     context_digest: bytes
     ended_with_eot: bool
+    base: SampledTurn | None = None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        parts: list[array[int]] = [self.own_ids]
+        turn = self.base
+        while turn is not None:
+            parts += [turn.sampled_ids, turn.own_ids]
+            turn = turn.base
+        return [t for part in reversed(parts) for t in part]
 
 
 def context_digest(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> bytes:
