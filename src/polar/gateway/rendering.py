@@ -65,6 +65,12 @@ async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
             f"served_model {config.served_model!r} differs from the engine's {info.name!r}"
         )
     renderer = await asyncio.to_thread(_renderer, config.render, engine, info)
+    if renderer is None and window is not None and not await _can_count(engine, served):
+        notes.append(
+            "the engine has no working /tokenize: prompts are not checked against the context "
+            "window before the engine sees them; set render.tokenizer to render in the gateway"
+        )
+        window = None
     if renderer is None and config.render.mode == "auto":
         notes.append(
             "no tokenizer known for the served model: the engine renders prompts, so merged "
@@ -86,6 +92,19 @@ async def _model_info(engine: Engine) -> ModelInfo | None:
         raise  # the engine is down (or not up yet): the caller gets a 503, nothing is cached
     except GatewayError as exc:
         raise ConfigError(f"cannot read the engine's model list (/v1/models): {exc}") from exc
+
+
+async def _can_count(engine: Engine, model: str | None) -> bool:
+    probe = NormalizedRequest(
+        provider="openai_chat", model=model or "", messages=[{"role": "user", "content": "hi"}]
+    )
+    try:
+        await engine.count_tokens(probe)
+    except (EngineUnavailable, EngineTimeout):
+        return True  # not up yet: that is no proof /tokenize is missing
+    except GatewayError:
+        return False
+    return True
 
 
 def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Renderer | None:

@@ -107,3 +107,23 @@ async def test_an_engine_that_does_not_serve_the_models_endpoint_fails_the_start
     with pytest.raises(ConfigError, match="ends in /v1"):
         await discover(GatewayConfig(capture_db=tmp_path / "c.db"), engine)
     await engine.aclose()
+
+
+async def test_an_engine_without_tokenize_is_named_at_start_and_calls_still_work(
+    tmp_path: Path,
+) -> None:
+    from polar.errors import EngineRejected
+    from polar.gateway.rendering import discover
+
+    class NoTokenize(ScriptedEngine):
+        async def count_tokens(self, request: Any) -> int:
+            raise EngineRejected("engine refused the request (HTTP 404): Not Found")
+
+    backend = ScriptedBackend(
+        Script(default=ScriptedReply(content="ok")), tokenizer=load_tokenizer()
+    )
+    config = GatewayConfig(capture_db=tmp_path / "c.db", render={"mode": "engine"})
+    facts = await discover(config, NoTokenize(backend))
+    assert facts.context_window is None
+    assert any("/tokenize" in note for note in facts.notes)
+    assert facts.served_model == SMOLLM2_MODEL_NAME
