@@ -139,3 +139,29 @@ def test_unknown_key_raises_authentication_error(live_gateway):
         client.messages.create(
             model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
         )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_matched_stop_sequence_is_reported_as_the_api_does(live_gateway, stream):
+    session = live_gateway.new_session()
+    client = anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+    live_gateway.script(ScriptedReply(content="Answer: 42\nObservation: more text"))
+    kwargs = {
+        "model": "claude-x",
+        "max_tokens": 200,
+        "stop_sequences": ["Observation:"],
+        "messages": [{"role": "user", "content": "Compute"}],
+    }
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**kwargs)
+    assert message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == "Observation:"
+    assert message.content[0].text == "Answer: 42\n"
+    (record,) = live_gateway.records(session.key)
+    # The sampled ids run through the stop string, exactly as the engine returned them.
+    assert record.sampled_ids == live_gateway.engine_log[-1]["choices"][0]["token_ids"]

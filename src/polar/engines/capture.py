@@ -82,6 +82,8 @@ def _completion(body: dict[str, Any], choice: dict[str, Any]) -> Completion:
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         created=int(body.get("created") or time.time()),
+        # vLLM names the matched stop string in stop_reason (an int is a stop token id).
+        stop_sequence=stop if isinstance(stop := choice.get("stop_reason"), str) else None,
     )
 
 

@@ -137,8 +137,11 @@ class ScriptedBackend:
         room = self.max_model_len - len(prompt)
         return min(asked, room) if isinstance(asked, int) else room
 
-    def sample(self, reply: ScriptedReply, max_tokens: int) -> tuple[list[int], str, list]:
-        """The ids a model emits for ``reply``, the finish reason, and the structured calls."""
+    def sample(
+        self, reply: ScriptedReply, max_tokens: int, stops: list[str] | None = None
+    ) -> tuple[list[int], str, list, str | None]:
+        """The ids a model emits for ``reply``, the finish reason, the structured calls, and
+        the stop string that ended it (vLLM stops there; the ids run through the stop)."""
         calls = [
             {
                 "id": "call_" + uuid.uuid4().hex[:24],
@@ -160,12 +163,16 @@ class ScriptedBackend:
             text = assistant_text(reply.content, calls)
         if reply.reasoning:
             text = f"<think>\n{reply.reasoning}\n</think>\n" + text
+        hits = sorted((text.find(s), s) for s in stops or [] if s and s in text)
+        stop = hits[0][1] if hits else None
+        if stop is not None:
+            text, calls, finish = text[: hits[0][0] + len(stop)], [], "stop"
         sampled = self._encode(text)
         if len(sampled) >= max_tokens:
-            sampled, finish = sampled[:max_tokens], "length"
-        elif finish != "length":
+            sampled, finish, stop = sampled[:max_tokens], "length", None
+        elif finish != "length" and stop is None:
             sampled.append(self.eot_id)
-        return sampled, finish, calls
+        return sampled, finish, calls, stop
 
     def _encode(self, text: str) -> list[int]:
         if not self.noncanonical or len(text) < 2:
@@ -200,7 +207,7 @@ class ScriptedBackend:
             or not all(isinstance(t, int) and 0 <= t < vocab for t in prompt)
         ):
             raise EngineRefusal(400, "prompt must be a non-empty list of token ids")
-        sampled, finish, _ = self.sample(reply, self.room(prompt, body))
+        sampled, finish, _, stop = self.sample(reply, self.room(prompt, body), _stops(body))
         entries = self.logprob_entries(sampled)
         reply_body = {
             "id": "cmpl-" + uuid.uuid4().hex[:24],
@@ -218,7 +225,7 @@ class ScriptedBackend:
                         "text_offset": None,
                     },
                     "finish_reason": "length" if finish == "length" else "stop",
-                    "stop_reason": None,
+                    "stop_reason": stop,
                     "prompt_token_ids": list(prompt),
                     "token_ids": sampled,
                 }
@@ -237,7 +244,8 @@ class ScriptedBackend:
         messages = body.get("messages") or []
         tools = body.get("tools") or None
         prompt = self.prompt_ids(messages, tools)
-        sampled, finish, calls = self.sample(reply, self.room(prompt, body))
+        sampled, finish, calls, stop = self.sample(reply, self.room(prompt, body), _stops(body))
+        content = reply.content.split(stop)[0] if stop else reply.content
         entries = self.logprob_entries(sampled)
         reply_body = {
             "id": "chatcmpl-" + uuid.uuid4().hex[:24],
@@ -250,11 +258,12 @@ class ScriptedBackend:
                     "index": 0,
                     "message": {
                         "role": "assistant",
-                        "content": reply.content or None,
+                        "content": content or None,
                         "reasoning_content": reply.reasoning,
                         "tool_calls": calls,
                     },
                     "finish_reason": finish,
+                    "stop_reason": stop,
                     "token_ids": sampled,
                     "logprobs": {"content": entries},
                 }
@@ -267,6 +276,11 @@ class ScriptedBackend:
         }
         self.log.append(reply_body)
         return reply_body
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    return [stop] if isinstance(stop, str) else [s for s in stop or [] if isinstance(s, str)]
 
 
 def create_scripted_app(backend: ScriptedBackend) -> Starlette:

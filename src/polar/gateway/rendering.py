@@ -186,7 +186,7 @@ class TokenPrompts:
     def result(
         self, plan: PromptPlan, tokens: SampledTokens, request: NormalizedRequest, engine: str
     ) -> EngineResult:
-        parsed, _ = self.renderer.parse(tokens.sampled_ids, request)
+        parsed, stop = self.renderer.parse(tokens.sampled_ids, request)
         finish = "tool_calls" if parsed.tool_calls else tokens.finish_reason
         prompt_ids = tokens.prompt_ids if tokens.prompt_ids is not None else plan.ids
         completion = Completion(
@@ -199,6 +199,7 @@ class TokenPrompts:
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(tokens.sampled_ids),
             created=int(time.time()),
+            stop_sequence=stop,
         )
         upstream = {
             **tokens.upstream_request,

@@ -20,8 +20,8 @@ Request quirks handled here and nowhere else:
 Replies: a ``thinking`` block (signed with :func:`encode_reasoning`) when the completion has
 reasoning, a text block when it has text, one ``tool_use`` block per call. A completion with none
 of these still gets one empty text block, so the assistant turn exists in the client's history
-and the stream brackets a block as clients expect. The engine never says which stop sequence
-matched, so ``stop_sequence`` is always ``null`` and a stop is reported as ``end_turn``.
+and the stream brackets a block as clients expect. A reply that a stop sequence ended reports
+``stop_reason: stop_sequence`` with the matched string, as the API does.
 """
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ class AnthropicProvider(Provider):
         if body.get("system") is not None:
             conversion.add_system(body["system"], "system")
         history: list[Message] = []
-        for index, message in enumerate(require_list(body["messages"], "messages")):
+        messages = require_list(body["messages"], "messages")
+        if not messages:
+            raise InvalidRequest("messages: at least one message is required")
+        for index, message in enumerate(messages):
             history.extend(conversion.message(message, f"messages[{index}]"))
 
         dropped: list[str] = []
@@ -201,7 +204,14 @@ class AnthropicProvider(Provider):
             sse(
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": _stop_reason(completion), "stop_sequence": None},
+                    "delta": {
+                        "stop_reason": _stop_reason(completion),
+                        "stop_sequence": (
+                            completion.stop_sequence
+                            if _stop_reason(completion) == "stop_sequence"
+                            else None
+                        ),
+                    },
                     "usage": _usage(completion),
                 },
                 "message_delta",
@@ -530,7 +540,7 @@ def _message(
         "model": request.extras.get("model") or request.model or completion.model,
         "content": content,
         "stop_reason": stop_reason,
-        "stop_sequence": None,
+        "stop_sequence": completion.stop_sequence if stop_reason == "stop_sequence" else None,
         "usage": _usage(completion),
     }
 
@@ -538,7 +548,9 @@ def _message(
 def _stop_reason(completion: Completion) -> str:
     if completion.finish_reason in _STOP_REASONS:
         return _STOP_REASONS[completion.finish_reason]
-    return "tool_use" if completion.tool_calls else "end_turn"
+    if completion.tool_calls:
+        return "tool_use"
+    return "stop_sequence" if completion.stop_sequence else "end_turn"
 
 
 def _usage(completion: Completion) -> dict[str, int]:

@@ -82,6 +82,10 @@ class OpenAIChatProvider(Provider):
         if max_tokens is None:
             max_tokens = optional_number(body, "max_tokens", int)
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise InvalidRequest("model must be a string")
+        if not isinstance(body.get("stream", False), bool | None):
+            raise InvalidRequest("stream must be a boolean")
         return NormalizedRequest(
             provider=self.name,
             model=model if isinstance(model, str) else "",

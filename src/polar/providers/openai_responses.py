@@ -121,6 +121,8 @@ class OpenAIResponsesProvider(Provider):
         if instructions:
             history.system.append(instructions)
         raw_input = body.get("input")
+        if raw_input is None or raw_input in ("", []):
+            raise InvalidRequest("input is required and must not be empty")
         if isinstance(raw_input, str):
             history.messages.append({"role": "user", "content": raw_input})
         else:

@@ -94,3 +94,4 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     created: int = 0
+    stop_sequence: str | None = None  # the stop string that ended it, when one did

@@ -127,3 +127,23 @@ async def test_an_engine_without_tokenize_is_named_at_start_and_calls_still_work
     assert facts.context_window is None
     assert any("/tokenize" in note for note in facts.notes)
     assert facts.served_model == SMOLLM2_MODEL_NAME
+
+
+@pytest.mark.parametrize("mode", ["gateway", "engine"])
+async def test_stop_sequences_reach_the_engine_and_come_back_named(
+    tmp_path: Path, mode: str
+) -> None:
+    app, backend = gateway(tmp_path, window=4096, mode=mode)
+    backend.script.push(ScriptedReply(content="Answer: 42\nObservation: more"))
+    body = {
+        "model": "x",
+        "max_tokens": 64,
+        "stop_sequences": ["Observation:"],
+        "messages": [{"role": "user", "content": "Compute"}],
+    }
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
+        reply = await c.post("/v1/messages", json=body, headers={"x-api-key": "s3"})
+    assert reply.status_code == 200, reply.text
+    message = reply.json()
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", "Observation:")
+    assert message["content"][0]["text"].rstrip() == "Answer: 42"

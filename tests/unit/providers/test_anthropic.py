@@ -1020,3 +1020,8 @@ def test_parse_does_not_mutate_the_body() -> None:
     before = copy.deepcopy(body)
     parse(body)
     assert body == before
+
+
+def test_an_empty_message_list_is_refused_before_any_engine_sees_it() -> None:
+    with pytest.raises(InvalidRequest, match="at least one message"):
+        PROVIDER.parse_request({"model": "m", "max_tokens": 8, "messages": []}, CTX)

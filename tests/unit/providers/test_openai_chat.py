@@ -250,3 +250,12 @@ def test_fuzz_stream_frames_replay_the_completion(content, calls):
         for tc in e["choices"][0]["delta"].get("tool_calls", [])
     ]
     assert [json.loads(a) for a in got] == [a for _, a in calls]
+
+
+@pytest.mark.parametrize(
+    "change", [{"stream": "yes"}, {"model": [1, 2]}], ids=["stream-not-bool", "model-not-str"]
+)
+def test_wrongly_typed_fields_are_refused_as_the_provider_does(change: dict) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **change}
+    with pytest.raises(InvalidRequest):
+        OpenAIChatProvider().parse_request(body, RequestContext(path="/v1/chat/completions"))

@@ -987,3 +987,11 @@ def test_failed_stream_codes_steer_codex_retries(error: GatewayError, failed_cod
     failed = json.loads(frames[1].split(b"data: ", 1)[1])
     assert failed["type"] == "response.failed"
     assert failed["response"]["error"] == {"code": failed_code, "message": error.message}
+
+
+@pytest.mark.parametrize(
+    "body", [{"model": "m"}, {"model": "m", "input": ""}, {"model": "m", "input": []}]
+)
+def test_no_or_empty_input_is_refused(body: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest, match="input"):
+        parse(body)
