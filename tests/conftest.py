@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,16 @@ def _gateway_server(
     config = GatewayConfig(
         capture_db=db, served_model="SmolLM2-135M-Instruct", render={"tool_parser": "qwen3"}
     )
-    engine = ScriptedEngine(
-        ScriptedBackend(Script(), tokenizer=tokenizer, max_model_len=LARGE_CONTEXT)
-    )
-    store = CaptureStore(db)
+    backend = ScriptedBackend(Script(), tokenizer=tokenizer, max_model_len=LARGE_CONTEXT)
+    with _serve(config, backend) as harness:
+        yield harness
+
+
+@contextmanager
+def _serve(config: GatewayConfig, backend: ScriptedBackend) -> Iterator[GatewayHarness]:
+    """A gateway for ``config`` in front of ``backend``, on a loopback port."""
+    engine = ScriptedEngine(backend)
+    store = CaptureStore(config.capture_db)
     app = create_app(config, engine=engine, store=store)
     with BackgroundServer(app) as server:
         config.public_url = server.url
@@ -109,11 +116,6 @@ def noncanonical_gateway(
     backend = ScriptedBackend(
         Script(), tokenizer=tokenizer, noncanonical=True, max_model_len=LARGE_CONTEXT
     )
-    engine = ScriptedEngine(backend)
-    store = CaptureStore(db)
-    app = create_app(config, engine=engine, store=store)
-    with BackgroundServer(app) as server:
-        config.public_url = server.url
-        harness = GatewayHarness(server, engine, store, app)
+    with _serve(config, backend) as harness:
         harness.render_mode = mode
         yield harness

@@ -33,6 +33,9 @@ class OpenAICompatEngine(Engine):
     name: ClassVar[str] = "openai_compat"
     # Body fields that make the server return prompt ids, sampled ids and logprobs.
     token_flags: ClassVar[dict[str, Any]] = {"logprobs": True, "top_logprobs": 0}
+    # Where token prompts go, and how the reply is read (vLLM's shape unless overridden).
+    token_path: ClassVar[str] = "/v1/completions"
+    read_token_reply = staticmethod(from_vllm_completion)
 
     def __init__(
         self,
@@ -89,8 +92,7 @@ class OpenAICompatEngine(Engine):
         self, prompt_ids: list[int], request: NormalizedRequest
     ) -> SampledTokens:
         body = self.build_token_body(prompt_ids, request)
-        reply = await self._post("/v1/completions", body)
-        tokens = from_vllm_completion(reply, body)
+        tokens = self.read_token_reply(await self._post(self.token_path, body), body)
         tokens.sampling = request.params.as_dict() | tokens.sampling
         return tokens
 

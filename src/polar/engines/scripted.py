@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 from polar.engines.tool_text import assistant_text, messages_for_plain_template
+from polar.engines.types import usage_body
 from polar.engines.vllm import VLLMEngine
 
 
@@ -230,11 +231,7 @@ class ScriptedBackend:
                     "token_ids": sampled,
                 }
             ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(sampled),
-                "total_tokens": len(prompt) + len(sampled),
-            },
+            "usage": usage_body(len(prompt), len(sampled)),
         }
         self.log.append(reply_body)
         return reply_body
@@ -268,11 +265,7 @@ class ScriptedBackend:
                     "logprobs": {"content": entries},
                 }
             ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(sampled),
-                "total_tokens": len(prompt) + len(sampled),
-            },
+            "usage": usage_body(len(prompt), len(sampled)),
         }
         self.log.append(reply_body)
         return reply_body

@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 
 from polar.engines.openai_compat import OpenAICompatEngine
 from polar.engines.token_in import from_sglang_generate
-from polar.engines.types import SampledTokens
 from polar.providers.types import NormalizedRequest
 
 # Chat-completions parameter names in SGLang's sampling_params.
@@ -23,6 +22,8 @@ class SGLangEngine(OpenAICompatEngine):
         "return_prompt_token_ids": True,
         "return_token_ids": True,
     }
+    token_path: ClassVar[str] = "/generate"
+    read_token_reply = staticmethod(from_sglang_generate)
 
     def build_token_body(self, prompt_ids: list[int], request: NormalizedRequest) -> dict[str, Any]:
         """SGLang's native ``/generate``: ``input_ids`` in, output ids and logprobs out."""
@@ -35,11 +36,3 @@ class SGLangEngine(OpenAICompatEngine):
         }
         body.update(self.extra_body)
         return body
-
-    async def complete_tokens(
-        self, prompt_ids: list[int], request: NormalizedRequest
-    ) -> SampledTokens:
-        body = self.build_token_body(prompt_ids, request)
-        tokens = from_sglang_generate(await self._post("/generate", body), body)
-        tokens.sampling = request.params.as_dict() | tokens.sampling
-        return tokens

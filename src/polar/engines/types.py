@@ -65,3 +65,12 @@ class ModelInfo:
     name: str
     max_model_len: int | None = None
     root: str | None = None
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The OpenAI ``usage`` object the vLLM-shaped servers Polar runs (embedded, scripted) send."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -222,13 +222,12 @@ class TokenPrompts:
         self, session_id: str, plan: PromptPlan, completion_id: str, result: EngineResult
     ) -> None:
         """Only acknowledged completions are remembered: no harness can echo any other."""
-        # The engine's echo of the prompt is the truth (it equals plan.ids unless flagged).
-        exact = PromptPlan(result.tokens.prompt_ids, plan.digest, plan.spliced_from, base=plan.base)
         calls = [call.id for call in result.completion.tool_calls]
         self.renderer.remember(
             self.book(session_id),
-            exact,
+            plan,
             completion_id,
+            result.tokens.prompt_ids,  # the engine's echo, the truth (plan.ids unless flagged)
             result.tokens.sampled_ids,
             result.completion.content,
             calls,

@@ -41,6 +41,7 @@ class PromptPlan:
     spliced_from: str | None = None
     fresh_reason: str | None = None
     base: SampledTurn | None = None  # the turn it extends
+    shared: int = 0  # leading ids that are the base's prompt + sampled ids
 
 
 class Renderer:
@@ -103,24 +104,33 @@ class Renderer:
         tail = self._after_turn(messages, last, tools, turn)
         if tail is None:
             return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE)
-        ids = [*turn.prompt_ids, *turn.sampled_ids, *self.encode(tail)]
-        return PromptPlan(ids, digest, spliced_from=turn.completion_id, base=turn)
+        head = [*turn.prompt_ids, *turn.sampled_ids]
+        return PromptPlan(
+            head + self.encode(tail),
+            digest,
+            spliced_from=turn.completion_id,
+            base=turn,
+            shared=len(head),
+        )
 
     def remember(
         self,
         book: TurnBook,
         plan: PromptPlan,
         completion_id: str,
+        prompt_ids: list[int],
         sampled_ids: list[int],
         content: str,
         tool_call_ids: list[str],
     ) -> None:
-        """Enter a finished call so later requests that continue it can extend it exactly."""
-        base, own = None, plan.ids
-        if plan.base is not None:
-            shared = len(plan.base.prompt_ids) + len(plan.base.sampled_ids)
-            if plan.ids[:shared] == [*plan.base.prompt_ids, *plan.base.sampled_ids]:
-                base, own = plan.base, plan.ids[shared:]
+        """Enter a finished call so later requests that continue it can extend it exactly.
+
+        ``prompt_ids`` are what the engine reports it conditioned on (``plan.ids`` unless it
+        said otherwise); the turn shares its base only where they agree with the plan.
+        """
+        base, own = None, prompt_ids
+        if plan.base is not None and prompt_ids[: plan.shared] == plan.ids[: plan.shared]:
+            base, own = plan.base, prompt_ids[plan.shared :]
         turn = SampledTurn(
             completion_id=completion_id,
             own_ids=array("i", own),

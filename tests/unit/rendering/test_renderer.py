@@ -85,6 +85,7 @@ class Harness:
             self.book,
             plan,
             rec.completion_id,
+            plan.ids,
             ids,
             parsed.content,
             [c.id for c in parsed.tool_calls],

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from polar.engines.embedded.core import ChoiceResult, EmbeddedEngineCore, GenerationResult
 from polar.engines.embedded.sampling import GenerationParams
+from polar.engines.types import usage_body
 from polar.errors import GatewayError, InvalidRequest, NotFound
 
 # vLLM's stand-in for a logprob of -inf, which JSON cannot carry.
@@ -81,6 +82,7 @@ def create_app(
             raise InvalidRequest(
                 "prompt must be a list of token ids (Polar's gateway renders text prompts itself)"
             )
+        # The completions API's logprobs is a count of top alternatives (0: the sampled only).
         params = parse_params({**body, "logprobs": body.get("logprobs") is not None})
         result = await core.generate_ids(prompt, params)
         return _json(render_text_completion(result, logprobs=params.logprobs))
@@ -214,11 +216,7 @@ def render_completion(result: GenerationResult, *, logprobs: bool = True) -> dic
         "model": result.model,
         "prompt_token_ids": result.prompt_ids,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(result.prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(result.prompt_ids) + completion_tokens,
-        },
+        "usage": usage_body(len(result.prompt_ids), completion_tokens),
         "policy_version": result.policy_version,
         "sampling": result.sampling,
         "engine_timing": result.timing,
@@ -258,11 +256,7 @@ def render_text_completion(result: GenerationResult, *, logprobs: bool = True) -
         "created": result.created,
         "model": result.model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(result.prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(result.prompt_ids) + completion_tokens,
-        },
+        "usage": usage_body(len(result.prompt_ids), completion_tokens),
         "policy_version": result.policy_version,
         "sampling": result.sampling,
     }
