@@ -1,0 +1,117 @@
+"""The quickstart's HTML report: what it shows, and that what it shows stays text."""
+
+from __future__ import annotations
+
+import html
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from polar.quickstart.report import write_report
+from polar.quickstart.summary import summarize
+from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
+
+TOOL_OUTPUT = "<script>alert('x')</script>"
+
+
+class Tokenizer:
+    """Token 1 decodes to a hostile tool output; every other id to a plain word."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(TOOL_OUTPUT if i == 1 else f"w{i} " for i in ids)
+
+
+def session(session_id: str, sample: int, **fields: object) -> SessionResult:
+    return SessionResult.model_validate(
+        {
+            "session_id": session_id,
+            "task_id": "add<&>",
+            "status": SessionStatus.COMPLETED,
+            "metadata": {"sample_index": sample},
+            **fields,
+        }
+    )
+
+
+def render(tmp_path: Path, results: list[SessionResult], tokenizer: object = None) -> str:
+    summary = summarize(results, {r.session_id: 2 for r in results}, wall_s=3.0, facts={})
+    return write_report(tmp_path / "report.html", summary, results, tokenizer=tokenizer).read_text()
+
+
+@pytest.fixture
+def results() -> list[SessionResult]:
+    # Two sampled turns with a tool result between them; the second turn's token is a surprise.
+    trace = Trace(
+        prompt_ids=[7, 8],
+        response_ids=[2, 3, 1, 4],
+        loss_mask=[1, 1, 0, 1],
+        response_logprobs=[-0.1, -0.2, 0.0, -4.0],
+        finish_reason="stop",
+        metadata={"num_calls": 2},
+    )
+    trajectory = Trajectory(
+        status=TrajectoryStatus.COMPLETED, traces=[trace], metadata={"num_calls": 2}
+    )
+    return [
+        session("a", 0, trajectory=trajectory, reward=1.0, timing={"run": 2.0, "total": 2.0}),
+        session("b", 1, status=SessionStatus.ERROR, error=f"harness said {TOOL_OUTPUT}"),
+    ]
+
+
+def test_trainable_tokens_are_highlighted_and_the_glue_between_turns_greyed(tmp_path, results):
+    page = render(tmp_path, results, Tokenizer())
+    assert "turn 1 · sampled · 2 tokens · mean logprob -0.15" in page
+    assert "turn 2 · sampled · 1 tokens · mean logprob -4.00" in page
+    assert "<span class='s' title='id 2 · logprob -0.100'>w2 </span>" in page
+    assert "<span class='s low' title='id 4 · logprob -4.000'>w4 </span>" in page  # a surprise
+    assert "between turns · 1 tokens · not trained" in page
+    # Token text keeps its spacing exactly: nothing of the template's layout gets inside.
+    for tokens in re.findall(r"<div class='tokens[^']*'>(.*?)</div>", page, re.S):
+        assert "\n" not in tokens
+
+
+def test_tool_output_and_errors_stay_text(tmp_path, results):
+    page = render(tmp_path, results, Tokenizer())
+    assert "<script" not in page
+    text = html.unescape(page)
+    assert f"<div class='tokens g'>{TOOL_OUTPUT}</div>" in text  # the tool result, greyed
+    assert f"session b · error: harness said {TOOL_OUTPUT}" in text
+    assert f"title='harness said {TOOL_OUTPUT}'" in text  # on its reward cell, quote and all
+    assert "<td>add<&></td>" in text
+
+
+def test_the_report_is_one_well_formed_self_contained_page(tmp_path, results):
+    page = render(tmp_path, results)  # no tokenizer: ids shown as numbers
+    assert "⟨7⟩ ⟨8⟩" in page
+    for asset in ("<script", "<link", "<img", " src=", "url("):
+        assert asset not in page
+    ids = set(re.findall(r"id='([^']*)'", page))
+    assert {"showcase", "s-a", "s-b"} <= ids
+    assert all(href[1:] in ids for href in re.findall(r"href='([^']*)'", page))
+
+    class Balance(HTMLParser):
+        void = {"meta", "br", "img", "link", "input", "hr"}
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.open: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: object) -> None:
+            if tag not in self.void:
+                self.open.append(tag)
+
+        def handle_endtag(self, tag: str) -> None:
+            assert self.open.pop() == tag
+
+    parser = Balance()
+    parser.feed(page)
+    assert parser.open == []
+
+
+def test_a_run_without_trajectories_still_reports(tmp_path):
+    page = render(tmp_path, [])
+    assert "No trajectories." in page
+    assert "<th>task \\ sample</th><th>mean</th>" in page
