@@ -31,16 +31,16 @@ import httpx
 
 from polar.gateway.config import NodeConfig
 from polar.gateway.lifecycle import Lifecycle, NodeSession, RunOutcome
-from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology
-from polar.rollout.protocol import (
+from polar.rollout.config import RetryPolicy, RolloutServerConfig
+from polar.rollout.scheduler import NodeLoad, choose_node
+from polar.rollout.service import RolloutService
+from polar.schemas.node import (
     NodeReport,
     NodeSessionInfo,
     NodeStatus,
     SessionDispatch,
     Workers,
 )
-from polar.rollout.scheduler import NodeLoad, choose_node
-from polar.rollout.service import RolloutService
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 
 
@@ -164,16 +164,14 @@ class AckingNodes:
 
 async def scheduler(sessions: int, nodes: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        topology = Topology(
-            rollout=RolloutServerConfig(
-                data_dir=Path(tmp),
-                dispatch_interval_s=0.01,
-                dispatch_retry=RetryPolicy(initial_s=0.01, max_s=0.05),
-            )
+        config = RolloutServerConfig(
+            data_dir=Path(tmp),
+            dispatch_interval_s=0.01,
+            dispatch_retry=RetryPolicy(initial_s=0.01, max_s=0.05),
         )
         acking = AckingNodes()
         client = httpx.AsyncClient(transport=httpx.MockTransport(acking))
-        service = RolloutService(topology, client=client)
+        service = RolloutService(config, client=client)
         await service.start()
         for n in range(nodes):
             status = NodeStatus(

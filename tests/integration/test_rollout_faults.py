@@ -15,7 +15,7 @@ import pytest
 
 from integration.rollout_support.cluster import AGENT, Cluster, shell_task, start_cluster
 from polar.capture.store import CaptureStore
-from polar.rollout.protocol import SessionDispatch
+from polar.schemas.node import SessionDispatch
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 
 pytestmark = [

@@ -13,8 +13,8 @@ import torch
 from polar.capture.store import CaptureStore
 from polar.engines.embedded import EmbeddedEngineCore, load_model
 from polar.gateway.config import SamplingPolicy
-from polar.rollout.local import LocalStack
 from polar.schemas.task import TaskRequest
+from polar.stack.local import LocalStack
 from polar.training.bridges.trl import PolarRolloutFunc, polar_reward, task_from_template
 from polar.training.tasks import ONE_CALL_AGENT
 

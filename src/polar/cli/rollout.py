@@ -10,16 +10,15 @@ from typing import Any
 
 import httpx
 import uvicorn
-import yaml
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar.config_loader import load_config
 from polar.errors import ConfigError
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import Topology
 from polar.schemas.task import TaskRequest
+from polar.stack.topology import Topology
 
 DEFAULT_URL = "http://127.0.0.1:8200"
 _FINAL = ("COMPLETED", "ERROR", "TIMEOUT")
@@ -65,14 +64,11 @@ def serve_rollout(args: argparse.Namespace) -> int:
         for name, value in (("host", args.host), ("port", args.port), ("data_dir", args.data_dir))
         if value is not None
     }
-    if updates:
-        rollout = topology.rollout.model_copy(update=updates)
-        topology = topology.model_copy(update={"rollout": rollout})
-    config = topology.rollout
+    config = topology.rollout_config().model_copy(update=updates)
     nodes = ", ".join(n.id for n in topology.nodes) or "none yet (nodes register themselves)"
     print(f"Polar rollout server on {config.base_url()} (nodes: {nodes}; data: {config.data_dir})")
     uvicorn.run(
-        create_rollout_app(topology),
+        create_rollout_app(config),
         host=config.host,
         port=config.port,
         log_level="warning",
@@ -83,13 +79,7 @@ def serve_rollout(args: argparse.Namespace) -> int:
 
 def load_task(path: str | Path) -> TaskRequest:
     """A TaskRequest from YAML (JSON is YAML too), with the field that is wrong named."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-        return TaskRequest.model_validate(data)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read task {path}: {exc}") from exc
-    except ValidationError as exc:
-        raise ConfigError(f"invalid task {path}:\n{exc}") from exc
+    return load_config(TaskRequest, path, what="task")
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:

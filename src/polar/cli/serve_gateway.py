@@ -11,7 +11,7 @@ from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
-from polar.rollout.config import Topology
+from polar.stack.topology import Topology
 
 
 def add_parser(sub: Any) -> None:

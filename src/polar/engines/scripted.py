@@ -33,9 +33,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
-from polar.engines.tool_text import assistant_text, messages_for_plain_template
 from polar.engines.types import usage_body
 from polar.engines.vllm import VLLMEngine
+from polar.rendering.tool_text import assistant_text, messages_for_plain_template
 
 
 @dataclass

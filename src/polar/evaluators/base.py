@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from polar.errors import ConfigError
+from polar import config_loader
 from polar.runtimes.base import Runtime
 from polar.schemas.task import EvaluatorSpec, TaskRequest
 from polar.schemas.trajectory import Trajectory
@@ -59,7 +59,4 @@ class Evaluator(ABC):
 
 def parse_config(model: type[ConfigT], spec: EvaluatorSpec) -> ConfigT:
     """``spec.config`` validated against ``model``, or a ConfigError naming the bad keys."""
-    try:
-        return model.model_validate(spec.config)
-    except ValidationError as exc:
-        raise ConfigError(f"evaluator {spec.strategy!r} config is invalid: {exc}") from exc
+    return config_loader.parse_config(model, spec.config, what=f"config of evaluator {spec.strategy!r}")

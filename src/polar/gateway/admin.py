@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.capture.records import CaptureRecord
 from polar.capture.store import RecordFault
 from polar.errors import CaptureError, CorruptRecord
-from polar.gateway.sessions import GatewaySession, base_urls, new_session_id
+from polar.gateway.sessions import GatewaySession, base_urls
+from polar.schemas.ids import new_session_id
 
 
 class CreateSession(BaseModel):

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from polar.config_loader import load_config
 from polar.engines.registry import EngineConfig
-from polar.errors import ConfigError
 
 
 class SamplingPolicy(BaseModel):
@@ -132,10 +131,4 @@ class GatewayConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> GatewayConfig:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-            return cls.model_validate(data)
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from exc
-        except ValidationError as exc:
-            raise ConfigError(f"invalid gateway config {path}:\n{exc}") from exc
+        return load_config(cls, path, what="gateway config")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polar.gateway.config import NodeConfig
-from polar.rollout.protocol import (
+from polar.schemas.node import (
     NodeSessionInfo,
     NodeStatus,
     SessionDispatch,

@@ -15,7 +15,7 @@ from polar.gateway.config import NodeConfig
 from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFull
 from polar.gateway.node_client import NodeClient
 from polar.gateway.session_work import NodeContext, RolloutWork, register_session
-from polar.rollout.protocol import NodeSessionInfo, NodeStatus, SessionDispatch
+from polar.schemas.node import NodeSessionInfo, NodeStatus, SessionDispatch
 from polar.schemas.task import SessionResult, SessionStatus
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import httpx
 
 from polar.gateway.config import NodeConfig
-from polar.rollout.protocol import (
+from polar.schemas.node import (
     IDEMPOTENCY_HEADER,
     NodeReport,
     NodeStatus,

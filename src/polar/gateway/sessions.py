@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 SESSION_PREFIX = "/s/"
-
-
-def new_session_id() -> str:
-    """192 random bits, URL- and header-safe: the session id doubles as the harness's API key."""
-    return "ps-" + secrets.token_urlsafe(24)
 
 
 @dataclass

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from polar.config_loader import parse_config
 from polar.errors import ConfigError
 from polar.providers.types import NormalizedRequest
 
@@ -87,14 +88,7 @@ class HarnessSettings(BaseModel):
     @classmethod
     def parse(cls, raw: Mapping[str, Any], harness: str) -> Self:
         """Validated settings; a typo or a wrong type is a :class:`ConfigError` naming it."""
-        try:
-            return cls.model_validate(dict(raw))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise ConfigError(f"invalid settings for harness {harness!r}: {problems}") from exc
+        return parse_config(cls, raw, what=f"settings for harness {harness!r}")
 
 
 class ConfigFileSettings(HarnessSettings):

@@ -37,8 +37,8 @@ from polar.quickstart.progress import RunProgress
 from polar.quickstart.report import write_report
 from polar.quickstart.summary import RunSummary, summarize
 from polar.quickstart.tasks import load_suite, task_request
-from polar.rollout.local import LocalStack
 from polar.schemas.task import SessionResult, TaskRequest
+from polar.stack.local import LocalStack
 from polar.training.rollout_client import RolloutClient
 
 SUMMARY_JSON = "summary.json"

@@ -3,7 +3,7 @@
 Rendering follows vLLM: the chat template renders text, which is then tokenized without
 adding special tokens, so the embedded engine's and the gateway's prompt ids equal vLLM's for
 the same request. Templates without tool support get tools and past tool calls rendered as
-Hermes-style text by :mod:`polar.engines.tool_text`; templates with tool support receive them
+Hermes-style text by :mod:`polar.rendering.tool_text`; templates with tool support receive them
 natively. SmolLM2 is served with Polar's tool-aware template (``templates/smollm2_tools.jinja``),
 which renders exactly what that fallback did, so vLLM can serve it too.
 """
@@ -17,12 +17,12 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from polar.engines.tool_text import (
+from polar.errors import InvalidRequest
+from polar.rendering.tool_text import (
     flatten_content,
     messages_for_plain_template,
     template_supports_tools,
 )
-from polar.errors import InvalidRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -9,19 +9,15 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from polar import __version__
-from polar.rollout.config import Topology
-from polar.rollout.protocol import NodeReport, Registered
-from polar.rollout.service import (
-    NodeView,
-    RolloutService,
-    SessionView,
-    TaskSummary,
-)
-from polar.rollout.store import TASK_RUNNING, TaskConflict
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult
+from polar.rollout.config import RolloutServerConfig
+from polar.rollout.service import RolloutService
+from polar.rollout.store import TaskConflict
+from polar.schemas.node import NodeReport, Registered
+from polar.schemas.rollout import NodeView, ResultAck, SessionView, TaskSummary
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
 
 MAX_SAMPLES_PER_TASK = 10_000
 
@@ -36,12 +32,6 @@ class FinalResult(SessionResult):
     """A SessionResult whose status is final (what nodes report)."""
 
     status: Literal[SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT]
-
-
-class ResultAck(BaseModel):
-    session_id: str
-    accepted: bool
-    duplicate: bool
 
 
 def _service(request: Request) -> RolloutService:
@@ -158,9 +148,11 @@ async def status(request: Request) -> dict[str, Any]:
     return _service(request).status()
 
 
-def create_rollout_app(topology: Topology, *, service: RolloutService | None = None) -> FastAPI:
-    """The rollout server for ``topology``; ``service`` may be injected (tests)."""
-    service = service or RolloutService(topology)
+def create_rollout_app(
+    config: RolloutServerConfig, *, service: RolloutService | None = None
+) -> FastAPI:
+    """The rollout server for ``config``; ``service`` may be injected (tests)."""
+    service = service or RolloutService(config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -170,7 +162,7 @@ def create_rollout_app(topology: Topology, *, service: RolloutService | None = N
 
     app = FastAPI(title="Polar rollout server", version=__version__, lifespan=lifespan)
     app.state.service = service
-    app.state.config = topology.rollout
+    app.state.config = config
     app.include_router(router)
 
     @app.get("/health", tags=["admin"])
@@ -178,7 +170,7 @@ def create_rollout_app(topology: Topology, *, service: RolloutService | None = N
         tasks = service.store.tasks()
         return {
             "status": "ok",
-            "running_tasks": sum(1 for t in tasks if t.status == TASK_RUNNING),
+            "running_tasks": sum(1 for t in tasks if t.status == TaskStatus.RUNNING),
         }
 
     return app

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import httpx
 
 from polar.rollout.config import RetryPolicy
-from polar.rollout.protocol import IDEMPOTENCY_HEADER, SESSION_HEADER
-from polar.rollout.store import CALLBACK_DELIVERED, CALLBACK_FAILED, RolloutStore
+from polar.rollout.store import RolloutStore
+from polar.schemas.node import IDEMPOTENCY_HEADER, SESSION_HEADER
+from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult
 
 log = logging.getLogger("polar.rollout.callbacks")
@@ -34,7 +35,7 @@ class CallbackSender:
         store: RolloutStore,
         policy: RetryPolicy,
         client: httpx.AsyncClient,
-        on_done: Callable[[str, str], None] | None = None,
+        on_done: Callable[[str, CallbackState], None] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -69,18 +70,18 @@ class CallbackSender:
         }
         deadline = time.monotonic() + self.policy.deadline_s
         attempt = 0
-        state = CALLBACK_FAILED
+        state = CallbackState.FAILED
         while True:
             outcome = await self._attempt(url, body, headers)
             if outcome == "delivered":
-                state = CALLBACK_DELIVERED
+                state = CallbackState.DELIVERED
                 break
             if outcome == "rejected" or time.monotonic() + self.policy.delay(attempt) > deadline:
                 break
             await asyncio.sleep(self.policy.delay(attempt))
             attempt += 1
         await asyncio.to_thread(self.store.set_callback, result.session_id, state)
-        if state == CALLBACK_FAILED:
+        if state == CallbackState.FAILED:
             log.warning("callback for session %s to %s failed for good", result.session_id, url)
         if self.on_done is not None:
             self.on_done(result.session_id, state)

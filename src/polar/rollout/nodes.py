@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polar.rollout.protocol import NodeStatus
 from polar.rollout.scheduler import NodeLoad
+from polar.schemas.node import NodeStatus
 
 
 @dataclass

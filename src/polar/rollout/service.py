@@ -21,58 +21,21 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
 
-from polar.gateway.sessions import new_session_id
 from polar.rollout.callbacks import CallbackSender
-from polar.rollout.config import Topology
+from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
 from polar.rollout.nodes import NodeRecord, NodeRegistry
-from polar.rollout.protocol import NodeReport, NodeSessionInfo, Registered, SessionDispatch
 from polar.rollout.scheduler import choose_node
-from polar.rollout.store import (
-    TASK_RUNNING,
-    RolloutStore,
-    SessionRow,
-    TaskRow,
-)
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult
+from polar.rollout.store import RolloutStore, SessionRow, TaskRow
+from polar.schemas.ids import new_session_id
+from polar.schemas.node import NodeReport, NodeSessionInfo, Registered, SessionDispatch
+from polar.schemas.rollout import CallbackState, NodeView, SessionView, TaskSummary
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
 
 log = logging.getLogger("polar.rollout")
 
 _DISPATCH_BATCH = 512
-
-
-class TaskSummary(BaseModel):
-    task_id: str
-    status: str
-    num_samples: int
-    counts: dict[str, int]
-    created_at: float
-    finished_at: float | None
-
-
-class SessionView(BaseModel):
-    session_id: str
-    task_id: str
-    sample_index: int
-    status: SessionStatus
-    node_id: str | None
-    acknowledged: bool
-    callback: str
-    reward: float | None = None
-    error: str | None = None
-
-
-class NodeView(BaseModel):
-    node_id: str
-    url: str | None
-    healthy: bool
-    draining: bool
-    dead: bool
-    seen_s_ago: float
-    capacity: int
-    stages: dict[str, int]
 
 
 class RolloutService:
@@ -80,13 +43,12 @@ class RolloutService:
 
     def __init__(
         self,
-        topology: Topology,
+        config: RolloutServerConfig,
         *,
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.topology = topology
-        self.config = topology.rollout
+        self.config = config
         self.store = RolloutStore(self.config.data_dir)
         self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
         self.events = EventBus()
@@ -132,7 +94,7 @@ class RolloutService:
 
     async def submit(self, request: TaskRequest) -> TaskSummary:
         """Expand a task into sessions; raises ``TaskConflict`` if that id is still running."""
-        default_runtime = self.topology.defaults.runtime
+        default_runtime = self.config.default_runtime
         if default_runtime and "kind" not in request.runtime.model_fields_set:
             request = request.model_copy(
                 update={"runtime": request.runtime.model_copy(update={"kind": default_runtime})}
@@ -292,7 +254,7 @@ class RolloutService:
             self.events.publish("task_completed", task_id=result.task_id)
         return True
 
-    def _callback_done(self, session_id: str, state: str) -> None:
+    def _callback_done(self, session_id: str, state: CallbackState) -> None:
         self.events.publish("callback", session_id=session_id, state=state)
 
     # -- dispatch ------------------------------------------------------------------------
@@ -402,10 +364,7 @@ class RolloutService:
         return "rejected"
 
     def _node_headers(self, node_id: str) -> dict[str, str]:
-        token = next(
-            (n.admin_token for n in self.topology.nodes if n.id == node_id and n.admin_token),
-            self.config.admin_token,
-        )
+        token = self.config.node_tokens.get(node_id, self.config.admin_token)
         return {"authorization": f"Bearer {token}"} if token else {}
 
     # -- liveness ------------------------------------------------------------------------
@@ -439,7 +398,7 @@ class RolloutService:
         return {
             "nodes": [v.model_dump() for v in self.node_views()],
             "tasks": {
-                "running": sum(1 for t in tasks if t.status == TASK_RUNNING),
+                "running": sum(1 for t in tasks if t.status == TaskStatus.RUNNING),
                 "total": len(tasks),
             },
             "sessions": self.store.counts(),

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.rollout import CallbackState
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -42,14 +43,6 @@ CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_by_node ON sessions (node_id, status);
 """
 
-TASK_RUNNING = "RUNNING"
-TASK_COMPLETED = "COMPLETED"
-
-CALLBACK_NONE = "none"
-CALLBACK_PENDING = "pending"
-CALLBACK_DELIVERED = "delivered"
-CALLBACK_FAILED = "failed"
-
 _FINAL = tuple(s.value for s in SessionStatus if s.finished)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
 
@@ -62,7 +55,7 @@ class TaskConflict(Exception):
 class TaskRow:
     task_id: str
     request: TaskRequest
-    status: str
+    status: TaskStatus
     created_at: float
     finished_at: float | None
 
@@ -76,7 +69,7 @@ class SessionRow:
     node_id: str | None
     acknowledged: bool
     result: SessionResult | None
-    callback: str
+    callback: CallbackState
 
 
 @dataclass(frozen=True)
@@ -116,13 +109,13 @@ class RolloutStore:
             row = self._db.execute(
                 "SELECT status FROM tasks WHERE task_id = ?", (request.task_id,)
             ).fetchone()
-            if row is not None and row[0] == TASK_RUNNING:
+            if row is not None and row[0] == TaskStatus.RUNNING.value:
                 raise TaskConflict(request.task_id)
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM sessions WHERE task_id = ?", (request.task_id,))
             self._db.execute(
                 "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, NULL)",
-                (request.task_id, request.model_dump_json().encode(), TASK_RUNNING, now),
+                (request.task_id, request.model_dump_json().encode(), TaskStatus.RUNNING.value, now),
             )
             self._db.executemany(
                 "INSERT INTO sessions (session_id, task_id, sample_index, status, created_at,"
@@ -188,7 +181,7 @@ class RolloutStore:
         return [r[0] for r in rows]
 
     def pending_callbacks(self) -> list[SessionRow]:
-        return self._sessions("WHERE callback = ?", (CALLBACK_PENDING,))
+        return self._sessions("WHERE callback = ?", (CallbackState.PENDING.value,))
 
     def counts(self, task_id: str | None = None) -> dict[str, int]:
         """Sessions per status, of one task or of all."""
@@ -232,7 +225,7 @@ class RolloutStore:
             if row[0] in _FINAL:
                 return Finished(new=False, task_completed=False, callback_url=None)
             request = TaskRequest.model_validate_json(row[1])
-            callback = CALLBACK_PENDING if request.callback_url else CALLBACK_NONE
+            callback = CallbackState.PENDING.value if request.callback_url else CallbackState.NONE.value
             payload = result.model_dump_json().encode()
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
@@ -247,17 +240,17 @@ class RolloutStore:
             if left == 0:
                 self._db.execute(
                     "UPDATE tasks SET status = ?, finished_at = ? WHERE task_id = ?",
-                    (TASK_COMPLETED, now, request.task_id),
+                    (TaskStatus.COMPLETED.value, now, request.task_id),
                 )
             with self.results_path(request.task_id).open("ab") as out:
                 out.write(payload + b"\n")
             self._db.execute("COMMIT")
         return Finished(new=True, task_completed=left == 0, callback_url=request.callback_url)
 
-    def set_callback(self, session_id: str, state: str) -> None:
+    def set_callback(self, session_id: str, state: CallbackState) -> None:
         with self._lock:
             self._db.execute(
-                "UPDATE sessions SET callback = ? WHERE session_id = ?", (state, session_id)
+                "UPDATE sessions SET callback = ? WHERE session_id = ?", (state.value, session_id)
             )
 
     # -- internals -----------------------------------------------------------------------
@@ -287,7 +280,7 @@ class RolloutStore:
                 node_id=r[4],
                 acknowledged=bool(r[5]),
                 result=SessionResult.model_validate_json(r[6]) if r[6] else None,
-                callback=r[7],
+                callback=CallbackState(r[7]),
             )
             for r in rows
         ]
@@ -297,7 +290,7 @@ def _task_row(row: tuple[object, ...]) -> TaskRow:
     return TaskRow(
         task_id=str(row[0]),
         request=TaskRequest.model_validate_json(row[1]),  # type: ignore[arg-type]
-        status=str(row[2]),
+        status=TaskStatus(str(row[2])),
         created_at=float(row[3]),  # type: ignore[arg-type]
         finished_at=float(row[4]) if row[4] is not None else None,  # type: ignore[arg-type]
     )

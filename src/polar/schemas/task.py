@@ -105,7 +105,22 @@ class SessionStatus(StrEnum):
 
     @property
     def finished(self) -> bool:
-        return self in (SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT)
+        """COMPLETED, ERROR or TIMEOUT: the session will not change again."""
+        return self in _FINAL_SESSION
+
+
+_FINAL_SESSION = frozenset({SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT})
+
+
+class TaskStatus(StrEnum):
+    """A task is RUNNING until every one of its sessions is final, then COMPLETED."""
+
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+
+    @property
+    def final(self) -> bool:
+        return self is TaskStatus.COMPLETED
 
 
 class SessionResult(BaseModel):
@@ -125,9 +140,11 @@ class SessionResult(BaseModel):
 
 
 class TaskResult(BaseModel):
+    """A task's status and the results of its finished sessions (GET /tasks/{id})."""
+
     model_config = ConfigDict(extra="forbid")
 
     task_id: str
-    status: str
+    status: TaskStatus
     results: list[SessionResult] = Field(default_factory=list)
     result_paths: list[str] = Field(default_factory=list)

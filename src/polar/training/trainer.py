@@ -35,8 +35,8 @@ import torch
 from polar.engines.embedded import EmbeddedEngineCore, LoadedModel, load_model
 from polar.errors import ConfigError
 from polar.gateway.config import SamplingPolicy
-from polar.rollout.local import LocalStack
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.stack.local import LocalStack
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results
 from polar.training.batch import make_batch, response_logprobs
 from polar.training.checkpoints import (

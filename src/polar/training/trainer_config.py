@@ -8,11 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from polar.errors import ConfigError
-from polar.rollout.config import explain
+from polar.config_loader import load_config
 from polar.training.config import AlgorithmConfig
 
 
@@ -91,13 +89,4 @@ class TrainConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read training config {path}: {exc}") from exc
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(
-                f"invalid training config {path}:\n{explain(exc, TrainConfig)}"
-            ) from exc
+        return load_config(cls, path, what="training config")

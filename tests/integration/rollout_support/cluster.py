@@ -26,7 +26,7 @@ from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.gateway.server import BackgroundServer
 from polar.providers.types import NormalizedRequest
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology
+from polar.rollout.config import RetryPolicy, RolloutServerConfig
 
 AGENT = Path(__file__).with_name("agent.py").read_text()
 TOOL_CALL = ScriptedReply(tool_calls=[("run", {"command": "echo hello > hello.txt"})])
@@ -190,8 +190,7 @@ def start_cluster(
         dispatch_retry=RetryPolicy(initial_s=0.05, max_s=0.5, timeout_s=5),
         callback_retry=RetryPolicy(initial_s=0.05, max_s=0.3, deadline_s=60, timeout_s=5),
     )
-    topology = Topology(rollout=config)
-    rollout_app = create_rollout_app(topology)
+    rollout_app = create_rollout_app(config)
     rollout = BackgroundServer(rollout_app, port=config.port).start()
     nodes = {}
     engines = {}

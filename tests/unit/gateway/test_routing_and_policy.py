@@ -7,8 +7,9 @@ from polar.errors import ContextLengthExceeded
 from polar.gateway.config import GatewayConfig, SamplingPolicy
 from polar.gateway.policy import apply_policy
 from polar.gateway.rendering import fit_output_budget
-from polar.gateway.sessions import base_urls, key_from_headers, new_session_id, split_session_prefix
+from polar.gateway.sessions import base_urls, key_from_headers, split_session_prefix
 from polar.providers.types import NormalizedRequest, SamplingParams
+from polar.schemas.ids import new_session_id
 
 
 def test_session_prefix_split():

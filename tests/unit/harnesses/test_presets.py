@@ -349,7 +349,7 @@ def test_bad_settings_are_config_errors_naming_the_field(
     name: str, settings: dict[str, Any], field: str
 ) -> None:
     harness = create_harness(name)
-    with pytest.raises(ConfigError, match=rf"harness '{name}'.*{field}"):
+    with pytest.raises(ConfigError, match=rf"(?s)harness '{name}'.*{field}"):
         harness.prepare(ctx(settings))
     with pytest.raises(ConfigError):
         harness.validate_settings(settings)

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from polar.engines.tool_text import parse_tool_calls, render_tool_call
 from polar.errors import ConfigError
 from polar.rendering.parsers.base import ParsedTurn, ToolParser
 from polar.rendering.parsers.hermes import HermesToolParser
@@ -18,6 +17,7 @@ from polar.rendering.parsers.llama3_json import Llama3JsonToolParser
 from polar.rendering.parsers.qwen3 import Qwen3ToolParser
 from polar.rendering.parsers.qwen3_coder import Qwen3CoderToolParser
 from polar.rendering.parsers.registry import TOOL_PARSERS, get_tool_parser
+from polar.rendering.tool_text import parse_tool_calls, render_tool_call
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ID_RE = re.compile(r"call_[0-9a-f]{24}")

@@ -10,7 +10,8 @@ import pytest
 
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RetryPolicy
-from polar.rollout.store import CALLBACK_DELIVERED, CALLBACK_FAILED, RolloutStore
+from polar.rollout.store import RolloutStore
+from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 
 FAST = RetryPolicy(initial_s=0.01, max_s=0.02, deadline_s=2, timeout_s=1)
@@ -70,8 +71,8 @@ async def test_receiver_down_then_up_gets_it_once(store: RolloutStore) -> None:
     assert last.headers["idempotency-key"] == "s1"
     assert last.headers["x-polar-session-id"] == "s1"
     assert SessionResult.model_validate_json(last.content) == result
-    assert done == [("s1", CALLBACK_DELIVERED)]
-    assert store.session("s1").callback == CALLBACK_DELIVERED  # type: ignore[union-attr]
+    assert done == [("s1", CallbackState.DELIVERED)]
+    assert store.session("s1").callback == CallbackState.DELIVERED  # type: ignore[union-attr]
     assert store.pending_callbacks() == []
 
 
@@ -83,7 +84,7 @@ async def test_server_errors_are_retried_client_errors_are_not(store: RolloutSto
         sender.send("http://cb/x", finish(store, "s1"))
         await drain(sender)
     assert len(flaky.attempts) > 3
-    assert store.session("s1").callback == CALLBACK_FAILED  # type: ignore[union-attr]
+    assert store.session("s1").callback == CallbackState.FAILED  # type: ignore[union-attr]
 
     refusing = Receiver(status=400)
     async with httpx.AsyncClient(transport=httpx.MockTransport(refusing)) as client:
@@ -91,4 +92,4 @@ async def test_server_errors_are_retried_client_errors_are_not(store: RolloutSto
         sender.send("http://cb/x", finish(store, "s2"))
         await drain(sender)
     assert len(refusing.attempts) == 1
-    assert store.session("s2").callback == CALLBACK_FAILED  # type: ignore[union-attr]
+    assert store.session("s2").callback == CallbackState.FAILED  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ from polar.cli import rollout as cli
 from polar.errors import ConfigError
 from polar.gateway.server import BackgroundServer
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import RolloutServerConfig, Topology, TopologyDefaults
+from polar.rollout.config import RolloutServerConfig
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -23,11 +23,10 @@ def parse(*argv: str) -> argparse.Namespace:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[BackgroundServer]:
-    topology = Topology(
-        rollout=RolloutServerConfig(data_dir=tmp_path / "data", admin_token="tok"),
-        defaults=TopologyDefaults(runtime="local"),
+    config = RolloutServerConfig(
+        data_dir=tmp_path / "data", admin_token="tok", default_runtime="local"
     )
-    with BackgroundServer(create_rollout_app(topology)) as s:
+    with BackgroundServer(create_rollout_app(config)) as s:
         yield s
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from polar.errors import ConfigError
-from polar.rollout.config import RetryPolicy, Topology
+from polar.rollout.config import RetryPolicy
+from polar.stack.topology import Topology
 
 TOPOLOGY = """
 rollout:

@@ -17,7 +17,7 @@ from polar.gateway.lifecycle import (
     NodeSession,
     RunOutcome,
 )
-from polar.rollout.protocol import SessionDispatch
+from polar.schemas.node import SessionDispatch
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 
 

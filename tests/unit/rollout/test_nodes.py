@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from polar.rollout.nodes import NodeRegistry
-from polar.rollout.protocol import NodeStatus, StageCounts, Workers
+from polar.schemas.node import NodeStatus, StageCounts, Workers
 
 
 class Clock:

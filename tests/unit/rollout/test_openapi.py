@@ -18,7 +18,7 @@ from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import RolloutServerConfig, Topology
+from polar.rollout.config import RolloutServerConfig
 
 SETTINGS = settings(
     max_examples=5,
@@ -30,7 +30,7 @@ SETTINGS = settings(
 @pytest.fixture(scope="module")
 def rollout_schema(tmp_path_factory: pytest.TempPathFactory) -> Any:
     data = tmp_path_factory.mktemp("rollout-api")
-    app = create_rollout_app(Topology(rollout=RolloutServerConfig(data_dir=data)))
+    app = create_rollout_app(RolloutServerConfig(data_dir=data))
     return schemathesis.openapi.from_asgi("/openapi.json", app).exclude(path="/events")
 
 

@@ -9,17 +9,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology, TopologyDefaults
-from polar.rollout.protocol import (
+from polar.rollout.config import RetryPolicy, RolloutServerConfig
+from polar.rollout.service import RolloutService
+from polar.rollout.store import TaskConflict
+from polar.schemas.node import (
     NodeReport,
     NodeSessionInfo,
     NodeStatus,
     SessionDispatch,
     Workers,
 )
-from polar.rollout.service import RolloutService
-from polar.rollout.store import TASK_COMPLETED, TaskConflict
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
 
 
 class Clock:
@@ -76,7 +76,7 @@ def report(node: str, run: int = 2, sessions: dict[str, SessionStatus] | None = 
     return NodeReport(status=status, sessions=sessions or {})
 
 
-def topology(tmp_path: Path, **rollout: object) -> Topology:
+def rollout_config(tmp_path: Path, **rollout: object) -> RolloutServerConfig:
     config = RolloutServerConfig(
         data_dir=tmp_path,
         dispatch_interval_s=0.01,
@@ -84,9 +84,10 @@ def topology(tmp_path: Path, **rollout: object) -> Topology:
         callback_retry=RetryPolicy(initial_s=0.01, max_s=0.02, deadline_s=2),
         heartbeat_timeout_s=5,
         node_grace_s=10,
+        default_runtime="local",
         **rollout,  # type: ignore[arg-type]
     )
-    return Topology(rollout=config, defaults=TopologyDefaults(runtime="local"))
+    return config
 
 
 async def until(check: Callable[[], bool], timeout: float = 3.0) -> None:
@@ -105,7 +106,7 @@ async def env(tmp_path: Path):
 
     async def make() -> RolloutService:
         client = httpx.AsyncClient(transport=httpx.MockTransport(nodes))
-        service = RolloutService(topology(tmp_path), client=client, clock=clock)
+        service = RolloutService(rollout_config(tmp_path), client=client, clock=clock)
         await service.start()
         services.append(service)
         return service
@@ -141,7 +142,7 @@ async def test_task_flows_through_nodes_to_results_and_callbacks(env) -> None:
         assert await service.accept_result(result(view.session_id))
     assert not await service.accept_result(result(views[0].session_id, SessionStatus.ERROR))
     final = service.task_result("t")
-    assert final is not None and final.status == TASK_COMPLETED and len(final.results) == 4
+    assert final is not None and final.status == TaskStatus.COMPLETED and len(final.results) == 4
     await until(lambda: len(nodes.callbacks) == 4)
     await asyncio.sleep(0.05)
     assert sorted(nodes.callbacks) == sorted(v.session_id for v in views)
@@ -197,7 +198,7 @@ async def test_dead_node_sessions_fail_after_grace_and_task_completes(env) -> No
     clock.now += 5  # past the grace period
     assert await service.expire_nodes() == ["a"]
     final = service.task_result("t")
-    assert final is not None and final.status == TASK_COMPLETED
+    assert final is not None and final.status == TaskStatus.COMPLETED
     assert {r.status for r in final.results} == {SessionStatus.ERROR}
     assert "no heartbeat for 10s" in (final.results[0].error or "")
     # The node comes back late with a real result: acknowledged, not applied.
@@ -223,7 +224,7 @@ async def test_restart_answers_finished_tasks_and_resumes_unacked(env) -> None:
     assert second.session_views("t")[1].status == SessionStatus.RUNNING
     await second.accept_result(result(sids[1]))
     final = second.task_result("t")
-    assert final is not None and final.status == TASK_COMPLETED
+    assert final is not None and final.status == TaskStatus.COMPLETED
     await until(lambda: len(nodes.callbacks) == 2)
     assert sorted(nodes.callbacks) == sorted(sids)  # the first was not sent again
 

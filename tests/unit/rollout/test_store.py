@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from polar.rollout.store import (
-    CALLBACK_DELIVERED,
-    CALLBACK_NONE,
-    TASK_COMPLETED,
-    TASK_RUNNING,
-    RolloutStore,
-    TaskConflict,
-)
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.rollout.store import RolloutStore, TaskConflict
+from polar.schemas.rollout import CallbackState
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
 
 
 def task(task_id: str = "t1", n: int = 2, callback: str | None = None) -> TaskRequest:
@@ -46,10 +40,10 @@ def test_running_task_id_conflicts_finished_one_is_replaced(store: RolloutStore)
         store.create_task(task(), ["s3", "s4"])
     store.finish(result("s1"))
     store.finish(result("s2"))
-    assert store.task("t1").status == TASK_COMPLETED  # type: ignore[union-attr]
+    assert store.task("t1").status == TaskStatus.COMPLETED  # type: ignore[union-attr]
     store.create_task(task(n=1), ["s9"])
     assert [s.session_id for s in store.sessions("t1")] == ["s9"]
-    assert store.task("t1").status == TASK_RUNNING  # type: ignore[union-attr]
+    assert store.task("t1").status == TaskStatus.RUNNING  # type: ignore[union-attr]
     assert not store.results_path("t1").exists()
 
 
@@ -98,10 +92,10 @@ def test_callback_state(store: RolloutStore) -> None:
     store.finish(result("s1"))
     store.finish(result("x1", task_id="t2"))
     assert [r.session_id for r in store.pending_callbacks()] == ["s1"]
-    assert store.session("x1").callback == CALLBACK_NONE  # type: ignore[union-attr]
-    store.set_callback("s1", CALLBACK_DELIVERED)
+    assert store.session("x1").callback == CallbackState.NONE  # type: ignore[union-attr]
+    store.set_callback("s1", CallbackState.DELIVERED)
     assert store.pending_callbacks() == []
-    assert store.session("s1").callback == CALLBACK_DELIVERED  # type: ignore[union-attr]
+    assert store.session("s1").callback == CallbackState.DELIVERED  # type: ignore[union-attr]
 
 
 def test_state_survives_a_restart(tmp_path: Path) -> None:
@@ -112,7 +106,7 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
     again = RolloutStore(tmp_path)
     try:
         row = again.task("t1")
-        assert row is not None and row.status == TASK_COMPLETED
+        assert row is not None and row.status == TaskStatus.COMPLETED
         assert row.request.num_samples == 1
         assert again.sessions("t1")[0].result.reward == 0.25  # type: ignore[union-attr]
         assert again.counts() == {"COMPLETED": 1}

@@ -3,7 +3,7 @@
 :class:`Agent` plays a harness talking to an engine whose prompts come from a real tokenizer's
 chat template (``apply_chat_template(..., add_generation_prompt=True)``), with tool calls and
 results rendered as text the way engines serving tool-less templates do
-(:func:`polar.engines.tool_text.messages_for_plain_template`). Its sampled ids are the reply
+(:func:`polar.rendering.tool_text.messages_for_plain_template`). Its sampled ids are the reply
 text's tokens plus the end-of-turn token, exactly as an engine returns them.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.capture.records import CaptureRecord
-from polar.engines.tool_text import assistant_text, messages_for_plain_template
+from polar.rendering.tool_text import assistant_text, messages_for_plain_template
 
 EOT = 2  # SmolLM2's <|im_end|>
 QWEN3_TEMPLATE = (Path(__file__).parent / "qwen3_chat_template.jinja").read_text()

@@ -40,10 +40,10 @@ from polar.engines.embedded.kv_cache import (
 )
 from polar.engines.embedded.loader import DEFAULT_MODEL, LoadedModel, load_model
 from polar.engines.embedded.sampling import LOGPROBS_MODES, GenerationParams, Sampler, StepOutput
-from polar.engines.tool_text import parse_tool_calls
 from polar.errors import ConfigError, EngineUnavailable, InvalidRequest, RateLimited
 from polar.rendering.chat_template import RenderedPrompt, render_prompt
 from polar.rendering.renderer import cut_at_stop
+from polar.rendering.tool_text import parse_tool_calls
 
 # Decode rows start with room for this many new tokens and grow when a generation needs more.
 INITIAL_DECODE_ROOM = 256

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from polar.config_loader import load_config
 from polar.errors import ConfigError
 from polar.quickstart.tasks.checker import IMPORT_PATH as CHECKER
 from polar.schemas.task import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
@@ -51,13 +51,7 @@ class Suite(BaseModel):
 def load_suite(path: str | Path | None = None) -> list[SuiteTask]:
     """The tasks of ``path`` (default: the bundled suite); a malformed file is a ConfigError."""
     source = Path(path) if path is not None else BUNDLED_SUITE
-    try:
-        data = yaml.safe_load(source.read_text())
-        tasks = Suite.model_validate(data).tasks
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read task suite {source}: {exc}") from exc
-    except ValidationError as exc:
-        raise ConfigError(f"invalid task suite {source}:\n{exc}") from exc
+    tasks = load_config(Suite, source, what="task suite").tasks
     ids = [t.id for t in tasks]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

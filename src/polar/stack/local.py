@@ -23,7 +23,7 @@ from polar.gateway.app import create_app as create_gateway_app
 from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
 from polar.gateway.server import BackgroundServer
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import RetryPolicy, RolloutServerConfig, Topology, TopologyDefaults
+from polar.rollout.config import RetryPolicy, RolloutServerConfig
 
 if TYPE_CHECKING:
     from polar.engines.embedded import EmbeddedEngineCore
@@ -155,9 +155,9 @@ class LocalStack:
             dispatch_interval_s=0.02,
             dispatch_retry=RetryPolicy(initial_s=0.05, max_s=1.0, timeout_s=30.0),
             callback_retry=RetryPolicy(initial_s=0.1, max_s=1.0, deadline_s=60.0),
+            default_runtime=self.runtime,
         )
-        topology = Topology(rollout=config, defaults=TopologyDefaults(runtime=self.runtime))
-        self.rollout = BackgroundServer(create_rollout_app(topology)).start()
+        self.rollout = BackgroundServer(create_rollout_app(config)).start()
 
     def _start_gateway(self) -> None:
         assert self.rollout is not None

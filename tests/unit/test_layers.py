@@ -1,0 +1,133 @@
+"""The package tree is layered: schemas at the bottom, the two servers side by side, the
+one-process stack, training and quickstart above them, the CLI on top.
+
+Every ``import polar.x`` in ``src/polar`` (lazy imports inside functions included) is checked,
+so a shortcut from one server into the other, or from a server up into the stack, fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import polar
+
+SRC = Path(polar.__file__).parent
+
+# Lowest first. A package may import packages of its own layer or of layers below.
+LAYERS: list[set[str]] = [
+    {"polar", "errors", "registry", "config_loader", "delivery", "schemas"},
+    {
+        "providers",
+        "rendering",
+        "engines",
+        "capture",
+        "trajectory",
+        "evaluators",
+        "runtimes",
+        "harnesses",
+        "client",
+    },
+    {"gateway", "rollout"},
+    {"stack", "training", "quickstart"},
+    {"cli"},
+]
+# Same layer, yet they must not know each other: they talk only over HTTP, through schemas/.
+APART = [("gateway", "rollout")]
+
+
+def _layer(package: str) -> int:
+    for index, members in enumerate(LAYERS):
+        if package in members:
+            return index
+    raise AssertionError(f"polar.{package} is in no layer: add it to LAYERS in {__file__}")
+
+
+def _package_of(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return "polar" if parts == ("__init__",) else parts[0]
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = (
+                [f"polar.{alias.name}" for alias in node.names]
+                if node.module == "polar"
+                else [node.module]
+            )
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "polar":
+                continue
+            sub = parts[1] if len(parts) > 1 else "polar"
+            found.add(sub if (SRC / sub).is_dir() or (SRC / f"{sub}.py").exists() else "polar")
+    return found
+
+
+def _graph() -> dict[str, dict[str, list[str]]]:
+    """package -> imported package -> the files that import it."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(SRC.rglob("*.py")):
+        source = _package_of(path)
+        for target in _imported_packages(path):
+            if target != source:
+                graph[source][target].append(str(path.relative_to(SRC)))
+    return graph
+
+
+GRAPH = _graph()
+
+
+@pytest.mark.parametrize("package", sorted(GRAPH))
+def test_imports_only_its_own_layer_or_below(package: str) -> None:
+    upward = {
+        target: files
+        for target, files in GRAPH[package].items()
+        if _layer(target) > _layer(package)
+    }
+    assert not upward, f"polar.{package} imports upward: {upward}"
+
+
+@pytest.mark.parametrize(("a", "b"), APART)
+def test_servers_do_not_import_each_other(a: str, b: str) -> None:
+    assert b not in GRAPH[a], f"polar.{a} imports polar.{b}: {GRAPH[a][b]}"
+    assert a not in GRAPH[b], f"polar.{b} imports polar.{a}: {GRAPH[b][a]}"
+
+
+def test_no_cycles_between_packages() -> None:
+    def reach(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(GRAPH[start])
+        while todo:
+            node = todo.pop()
+            if node not in seen:
+                seen.add(node)
+                todo.extend(GRAPH.get(node, {}))
+        return seen
+
+    cycles = sorted(p for p in GRAPH if p in reach(p))
+    assert not cycles, f"packages on an import cycle: {cycles} " + str(
+        {p: sorted(GRAPH[p]) for p in cycles}
+    )
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The scan itself works: an upward import written to a file is found."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import polar.capture.store\n"
+        "def later():\n    from polar.rollout.service import RolloutService\n"
+        "from polar import errors\n"
+    )
+    assert _imported_packages(probe) == {"capture", "rollout", "errors"}
+    assert _layer("rollout") > _layer("capture") > _layer("errors")
