@@ -29,9 +29,10 @@ from typing import Any
 
 import httpx
 
+from polar.delivery import RetryPolicy
 from polar.gateway.config import NodeConfig
 from polar.gateway.lifecycle import Lifecycle, NodeSession, RunOutcome
-from polar.rollout.config import RetryPolicy, RolloutServerConfig
+from polar.rollout.config import RolloutServerConfig
 from polar.rollout.scheduler import NodeLoad, choose_node
 from polar.rollout.service import RolloutService
 from polar.schemas.node import (

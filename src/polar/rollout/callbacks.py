@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import httpx
 
-from polar.rollout.config import RetryPolicy
+from polar.delivery import RetryPolicy
 from polar.rollout.store import RolloutStore
 from polar.schemas.node import IDEMPOTENCY_HEADER, SESSION_HEADER
 from polar.schemas.rollout import CallbackState

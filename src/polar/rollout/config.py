@@ -9,20 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
-class RetryPolicy(BaseModel):
-    """Exponential backoff: ``initial_s``, doubling up to ``max_s``, for ``deadline_s`` in all."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    initial_s: float = Field(0.5, gt=0)
-    max_s: float = Field(30.0, gt=0)
-    deadline_s: float = Field(3600.0, gt=0, description="Give up after this long.")
-    timeout_s: float = Field(10.0, gt=0, description="Per attempt.")
-
-    def delay(self, attempt: int) -> float:
-        """The wait before retry number ``attempt`` (0-based)."""
-        return float(min(self.max_s, self.initial_s * (2**attempt)))
+from polar.delivery import RetryPolicy
 
 
 class RolloutServerConfig(BaseModel):

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from polar.capture.store import CaptureStore
+from polar.delivery import RetryPolicy
 from polar.engines.base import Engine
 from polar.engines.registry import EngineConfig
 from polar.gateway.app import create_app as create_gateway_app
 from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
 from polar.gateway.server import BackgroundServer
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import RetryPolicy, RolloutServerConfig
+from polar.rollout.config import RolloutServerConfig
 
 if TYPE_CHECKING:
     from polar.engines.embedded import EmbeddedEngineCore

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polar.capture.store import CaptureStore
+from polar.delivery import RetryPolicy
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.engines.types import EngineResult
 from polar.gateway.app import create_app
@@ -26,7 +27,7 @@ from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.gateway.server import BackgroundServer
 from polar.providers.types import NormalizedRequest
 from polar.rollout.app import create_rollout_app
-from polar.rollout.config import RetryPolicy, RolloutServerConfig
+from polar.rollout.config import RolloutServerConfig
 
 AGENT = Path(__file__).with_name("agent.py").read_text()
 TOOL_CALL = ScriptedReply(tool_calls=[("run", {"command": "echo hello > hello.txt"})])

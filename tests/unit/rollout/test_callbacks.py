@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from polar.delivery import RetryPolicy
 from polar.rollout.callbacks import CallbackSender
-from polar.rollout.config import RetryPolicy
 from polar.rollout.store import RolloutStore
 from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest

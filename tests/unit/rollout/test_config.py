@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from polar.delivery import RetryPolicy
 from polar.errors import ConfigError
-from polar.rollout.config import RetryPolicy
 from polar.stack.topology import Topology
 
 TOPOLOGY = """

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.rollout.config import RetryPolicy, RolloutServerConfig
+from polar.delivery import RetryPolicy
+from polar.rollout.config import RolloutServerConfig
 from polar.rollout.service import RolloutService
 from polar.rollout.store import TaskConflict
 from polar.schemas.node import (
