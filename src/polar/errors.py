@@ -54,13 +54,6 @@ class AuthenticationFailed(GatewayError):
     kind = "authentication"
 
 
-class PermissionDenied(GatewayError):
-    """The caller is known but may not do this (HTTP 403)."""
-
-    status = 403
-    kind = "permission"
-
-
 class NotFound(GatewayError):
     """Unknown path or resource (HTTP 404)."""
 

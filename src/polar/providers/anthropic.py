@@ -72,7 +72,6 @@ _ANTHROPIC_BLOCKS = frozenset(
 _ERROR_TYPES_BY_KIND = {
     "invalid_request": "invalid_request_error",
     "authentication": "authentication_error",
-    "permission": "permission_error",
     "not_found": "not_found_error",
     "request_too_large": "request_too_large",
     "rate_limit": "rate_limit_error",
@@ -225,9 +224,6 @@ class AnthropicProvider(Provider):
             error.status, "api_error"
         )
         return {"type": "error", "error": {"type": kind, "message": error.message}}
-
-    def stream_error(self, error: GatewayError) -> bytes:
-        return sse(self.error_body(error), "error")
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"input_tokens": count}

@@ -65,10 +65,6 @@ class Provider(ABC):
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         """The provider's JSON error body for ``error`` (its status is ``error.status``)."""
 
-    @abstractmethod
-    def stream_error(self, error: GatewayError) -> bytes:
-        """An SSE frame reporting ``error`` once a stream has started."""
-
     def render_token_count(self, count: int) -> dict[str, Any]:
         """The reply to a token-counting call, for APIs that have one."""
         raise NotFound(f"{self.name} has no token counting endpoint")

@@ -12,8 +12,7 @@ Gemini quirks kept here:
   to its call by id, else by name in order;
 * ``thoughtSignature`` must be standard base64 (the Python SDK decodes it to bytes and re-encodes
   it), so our reasoning blob travels base64-wrapped;
-* a stream is bare ``data:`` frames, each a whole GenerateContentResponse; an error frame must
-  start with ``{"error":`` for the SDK to raise it.
+* a stream is bare ``data:`` frames, each a whole GenerateContentResponse.
 """
 
 from __future__ import annotations
@@ -68,7 +67,6 @@ _FINISH_REASONS = {
 _ERROR_STATUS_BY_KIND = {
     "invalid_request": "INVALID_ARGUMENT",
     "authentication": "UNAUTHENTICATED",
-    "permission": "PERMISSION_DENIED",
     "not_found": "NOT_FOUND",
     "request_too_large": "INVALID_ARGUMENT",
     "rate_limit": "RESOURCE_EXHAUSTED",
@@ -163,9 +161,6 @@ class GoogleProvider(Provider):
                 f"tokens allowed ({error.limit})."
             )
         return {"error": {"code": error.status, "message": message, "status": status}}
-
-    def stream_error(self, error: GatewayError) -> bytes:
-        return sse(self.error_body(error))
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"totalTokens": count}

@@ -177,9 +177,6 @@ class OpenAIChatProvider(Provider):
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return openai_error_body(error)
 
-    def stream_error(self, error: GatewayError) -> bytes:
-        return sse(openai_error_body(error)) + _DONE
-
 
 def _model(completion: Completion, request: NormalizedRequest) -> str:
     return request.extras.get("requested_model") or request.model or completion.model

@@ -10,7 +10,6 @@ _TYPES = {
     "invalid_request": "invalid_request_error",
     "context_length_exceeded": "invalid_request_error",
     "authentication": "authentication_error",
-    "permission": "permission_error",
     "not_found": "not_found_error",
     "request_too_large": "invalid_request_error",
     "rate_limit": "rate_limit_error",

@@ -21,7 +21,6 @@ from polar.errors import (
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
-    PermissionDenied,
     RateLimited,
 )
 from polar.providers.anthropic import AnthropicProvider
@@ -708,26 +707,15 @@ class FakeGateway:
         self.requests.append(request)
         if operation == COUNT_TOKENS:
             return httpx2.Response(200, json=PROVIDER.render_token_count(42))
-        if request.stream:
-            return self._stream(request)
         if self.error is not None:
             return httpx2.Response(self.error.status, json=PROVIDER.error_body(self.error))
         assert self.completion is not None
-        return httpx2.Response(200, json=PROVIDER.render_response(self.completion, request))
-
-    def _stream(self, request: NormalizedRequest) -> httpx2.Response:
-        if self.error is not None:
-            started = Completion(id="msg_x", model="m")
-            frames = [
-                *PROVIDER.render_stream(started, request)[:2],
-                PROVIDER.stream_error(self.error),
-            ]
-        else:
-            assert self.completion is not None
+        if request.stream:
             frames = PROVIDER.render_stream(self.completion, request)
-        return httpx2.Response(
-            200, headers={"content-type": "text/event-stream"}, content=b"".join(frames)
-        )
+            return httpx2.Response(
+                200, headers={"content-type": "text/event-stream"}, content=b"".join(frames)
+            )
+        return httpx2.Response(200, json=PROVIDER.render_response(self.completion, request))
 
 
 def sdk_client(gateway: FakeGateway) -> anthropic.Anthropic:
@@ -961,7 +949,6 @@ def test_sdk_count_tokens() -> None:
             anthropic.AuthenticationError,
             "authentication_error",
         ),
-        (PermissionDenied("not yours"), anthropic.PermissionDeniedError, "permission_error"),
         (NotFound("no such thing"), anthropic.NotFoundError, "not_found_error"),
         (PayloadTooLarge("body over 32 MB"), anthropic.ContentTooLargeError, "request_too_large"),
         (RateLimited("queue full", retry_after=2), anthropic.RateLimitError, "rate_limit_error"),
@@ -991,28 +978,6 @@ def test_sdk_sees_parse_errors_as_bad_request() -> None:
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(**ask(tool_choice={"type": "sometimes"}))
     assert "tool_choice.type" in str(caught.value)
-
-
-def test_sdk_raises_on_a_stream_error_frame() -> None:
-    client = sdk_client(FakeGateway(error=EngineUnavailable("engine paused for weight sync")))
-    with (
-        pytest.raises(anthropic.APIStatusError) as caught,
-        client.messages.stream(**ask()) as stream,
-    ):
-        stream.get_final_message()
-    assert "engine paused for weight sync" in str(caught.value)
-    assert caught.value.body == {
-        "type": "error",
-        "error": {"type": "overloaded_error", "message": "engine paused for weight sync"},
-    }
-
-
-def test_stream_error_frame_shape() -> None:
-    frame = PROVIDER.stream_error(InvalidRequest("nope"))
-    assert frame == (
-        b"event: error\n"
-        b'data: {"type":"error","error":{"type":"invalid_request_error","message":"nope"}}\n\n'
-    )
 
 
 def test_parse_does_not_mutate_the_body() -> None:

@@ -938,21 +938,6 @@ def test_malformed_body_is_a_bad_request_through_the_sdk() -> None:
         client.responses.create(**create_kwargs(tool_choice="any"))
 
 
-def test_stream_error_surfaces_as_error_and_failed_events() -> None:
-    frames = PROVIDER.stream_error(EngineUnavailable("engine went away"))
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=frames, headers={"content-type": "text/event-stream"})
-
-    client = sdk_client(handler)
-    events: list[Any] = list(client.responses.create(model="m", input="hi", stream=True))
-    assert [e.type for e in events] == ["error", "response.failed"]
-    assert events[0].message == "engine went away"
-    assert events[0].code == "server_error"
-    assert events[1].response.status == "failed"
-    assert events[1].response.error.message == "engine went away"
-
-
 def test_error_body_shape() -> None:
     body = PROVIDER.error_body(GatewayError("boom"))
     assert body == {
@@ -970,23 +955,6 @@ def test_parse_does_not_mutate_the_body() -> None:
     before = copy.deepcopy(body)
     parse(body)
     assert body == before
-
-
-@pytest.mark.parametrize(
-    ("error", "failed_code"),
-    [
-        (EngineUnavailable("paused"), "server_error"),
-        (RateLimited("busy"), "rate_limit_exceeded"),
-        (InvalidRequest("bad"), "invalid_prompt"),
-        (AuthenticationFailed("who"), "invalid_prompt"),
-    ],
-)
-def test_failed_stream_codes_steer_codex_retries(error: GatewayError, failed_code: str) -> None:
-    """Codex retries server_error / rate_limit_exceeded and stops on invalid_prompt."""
-    frames = PROVIDER.stream_error(error).split(b"\n\n")
-    failed = json.loads(frames[1].split(b"data: ", 1)[1])
-    assert failed["type"] == "response.failed"
-    assert failed["response"]["error"] == {"code": failed_code, "message": error.message}
 
 
 @pytest.mark.parametrize(
