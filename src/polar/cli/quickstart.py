@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from polar.errors import HarnessError, RuntimeStartError
+from polar.extras import installed, require
 from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
 from polar.quickstart.run import QuickstartOptions, run_quickstart
 from polar.quickstart.summary import summary_table
@@ -109,6 +110,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.engine_url:
+        require("embedded", "polar quickstart without --engine-url")
     options = QuickstartOptions(
         tasks=args.tasks,
         samples=args.samples,
@@ -130,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     console = Console(width=max(Console().width, 100))
-    _quiet_model_loading()
+    if installed("render"):
+        _quiet_model_loading()
+    if not installed("parquet"):
+        note = "note: no trajectories.parquet without pyarrow: pip install 'polar[parquet]'"
+        console.print(note, style="dim", markup=False)
     try:
         outcome = run_quickstart(options, console)
     except (HarnessError, RuntimeStartError) as exc:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from polar.engines.embedded.options import DEFAULT_MODEL, DTYPE_NAMES, LOGPROBS_MODES
+from polar.extras import require
 
 
 def add_parser(sub: Any) -> None:
@@ -41,6 +42,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("embedded", "polar serve-engine")
     import torch
     import uvicorn
 

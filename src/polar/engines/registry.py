@@ -12,6 +12,7 @@ from polar.engines.scripted import ScriptedEngine
 from polar.engines.sglang import SGLangEngine
 from polar.engines.vllm import VLLMEngine
 from polar.errors import ConfigError
+from polar.extras import require
 from polar.registry import Registry
 
 
@@ -49,6 +50,7 @@ def _http(cls: type[VLLMEngine] | type[SGLangEngine]) -> Any:
 
 def _embedded(config: EngineConfig, transport: httpx.AsyncBaseTransport | None = None) -> Engine:
     # Imported here: loading torch and transformers costs seconds that HTTP engines never need.
+    require("embedded", "the embedded engine")
     from polar.engines.embedded.client import EmbeddedEngine
 
     return EmbeddedEngine.from_options(

@@ -19,6 +19,7 @@ from polar.gateway import admin
 from polar.gateway.config import GatewayConfig
 from polar.gateway.pause import GenerationGate
 from polar.gateway.proxy import Proxy, json_response
+from polar.gateway.rendering import require_render_extra
 from polar.gateway.sessions import GatewaySession, SessionTable
 
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -31,6 +32,7 @@ def create_app(
     store: CaptureStore | None = None,
 ) -> FastAPI:
     """A gateway for ``config``; ``engine`` and ``store`` may be injected (tests, trainers)."""
+    require_render_extra(config.render)
     engine = engine or create_engine(config.engine)
     store = store or CaptureStore(config.capture_db, synchronous=config.capture_synchronous)
     sessions = SessionTable()

@@ -26,6 +26,7 @@ from polar.errors import (
     EngineUnavailable,
     GatewayError,
 )
+from polar.extras import installed, require
 from polar.gateway.config import GatewayConfig, RenderConfig
 from polar.gateway.sessions import SessionTable
 from polar.providers.types import Completion, NormalizedRequest
@@ -72,14 +73,19 @@ async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
         )
         window = None
     if renderer is None and config.render.mode == "auto":
-        notes.append(
-            "no tokenizer known for the served model: the engine renders prompts, so merged "
-            "traces split wherever its re-rendering differs from what was sampled; set "
-            "render.tokenizer to render in the gateway"
-        )
+        notes.append(_engine_renders_note())
     for note in notes:
         log.warning(note)
     return EngineFacts(served, window, renderer, notes)
+
+
+def require_render_extra(render: RenderConfig) -> None:
+    """A gateway told to render itself (or given a tokenizer) without transformers installed
+    fails at start, not at its first call, whether or not the engine is up yet."""
+    if render.mode == "gateway":
+        require("render", "render: gateway")
+    if render.mode == "auto" and render.tokenizer:
+        require("render", "render.tokenizer")
 
 
 async def _model_info(engine: Engine) -> ModelInfo | None:
@@ -105,6 +111,18 @@ async def _can_count(engine: Engine, model: str | None) -> bool:
     except GatewayError:
         return False
     return True
+
+
+def _engine_renders_note() -> str:
+    why = (
+        "transformers is not installed (pip install 'polar[render]')"
+        if not installed("render")
+        else "no tokenizer known for the served model (set render.tokenizer)"
+    )
+    return (
+        f"render: auto renders prompts in the engine: {why}; merged traces split wherever "
+        "the engine's re-rendering differs from what was sampled"
+    )
 
 
 def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Renderer | None:
@@ -139,12 +157,16 @@ def _tokenizer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> 
     if render.tokenizer:
         if Path(render.tokenizer).exists():
             return load_tokenizer(render.tokenizer)
+        require("render", "render.tokenizer")
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(render.tokenizer)
     local = engine.local_tokenizer()
     if local is not None:
         return local
+    if render.mode == "auto" and not installed("render"):
+        return None  # discover's note names the extra
+    require("render", "render: gateway")
     if info is not None and info.root and (Path(info.root) / "tokenizer_config.json").is_file():
         return load_tokenizer(info.root)
     if info is not None and info.name == SMOLLM2_MODEL_NAME:

@@ -5,7 +5,7 @@ Layout (the stack itself already wrote ``captures.db``, ``rollout/`` and ``sessi
     run_dir/
       results.jsonl           one SessionResult per session (status, reward, timing, trajectory)
       trajectories.jsonl      one Trace per line (the public schema) with its session context
-      trajectories.parquet    the same traces as typed columns
+      trajectories.parquet    the same traces as typed columns (with polar[parquet] installed)
       captures.db             the gateway's capture store (SQLite), as written during the run
       captures.jsonl          every captured model call (CaptureRecord), in call order
       sessions/<id>/          the session's runtime dir: workspace/, home/, logs/
@@ -21,6 +21,7 @@ from typing import Any
 
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
+from polar.extras import installed
 from polar.schemas.task import SessionResult
 from polar.trajectory.exporters.registry import create_exporter
 
@@ -52,7 +53,8 @@ def write_outputs(
             f.write(result.model_dump_json() + "\n")
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
     create_exporter("jsonl").write(trajectories, run_dir / TRAJECTORIES_JSONL)
-    create_exporter("parquet").write(trajectories, run_dir / TRAJECTORIES_PARQUET)
+    if installed("parquet"):
+        create_exporter("parquet").write(trajectories, run_dir / TRAJECTORIES_PARQUET)
     with (run_dir / CAPTURES_JSONL).open("w") as f:
         for result in results:
             for record in captures.get(result.session_id, []):

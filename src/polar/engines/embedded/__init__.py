@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from polar.extras import require
+
 if TYPE_CHECKING:
     from polar.engines.embedded.core import ChoiceResult, EmbeddedEngineCore, GenerationResult
     from polar.engines.embedded.loader import LoadedModel, load_model
@@ -44,6 +46,7 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    require("embedded", "the embedded engine")
     value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value
     return value

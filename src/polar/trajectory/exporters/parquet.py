@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from polar.errors import ConfigError
+from polar.extras import require
 from polar.schemas.trajectory import Trace, Trajectory
 from polar.trajectory.exporters.base import Exporter, trace_from
 
@@ -21,11 +21,10 @@ JSON_COLUMNS = ("prompt_messages", "response_messages", "tools", "metadata", "se
 
 
 def _pyarrow() -> Any:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError("the parquet exporter needs pyarrow: pip install pyarrow") from exc
+    require("parquet", "the parquet exporter")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     return pa, pq
 
 
