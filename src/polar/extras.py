@@ -14,7 +14,7 @@ from polar.errors import ConfigError
 
 # The top-level modules Polar itself imports from each extra (not every package it installs).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "render": ("transformers", "gguf"),
+    "render": ("transformers",),
     "embedded": ("torch", "transformers", "gguf"),
     "parquet": ("pyarrow",),
     "train": ("torch", "transformers", "gguf"),

@@ -70,15 +70,29 @@ def tokenizer_cache_path() -> Path:
     return cache_dir() / "smollm2-135m-instruct" / "tokenizer"
 
 
-@lru_cache(maxsize=4)
 def load_tokenizer(source: str | None = None) -> Any:
     """A real tokenizer with its chat template.
 
     ``source`` is a HF checkpoint directory, a GGUF file, or ``None`` for the default SmolLM2
     (read from the GGUF once, then from the cache in well under a second), which gets Polar's
-    tool-aware SmolLM2 template.
+    tool-aware SmolLM2 template. Reading a GGUF needs the embedded engine's packages
+    (transformers' GGUF reader imports torch); a tokenizer directory needs transformers only.
     """
-    require("render", "loading a model's tokenizer")
+    if _reads_gguf(source):
+        require("embedded", "reading a tokenizer out of a GGUF file (the default SmolLM2's too)")
+    else:
+        require("render", "loading a model's tokenizer")
+    return _load_tokenizer(source)
+
+
+def _reads_gguf(source: str | None) -> bool:
+    if source is None:
+        return not (tokenizer_cache_path() / "tokenizer_config.json").is_file()
+    return Path(source).suffix == ".gguf"
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(source: str | None) -> Any:
     from transformers import AutoTokenizer
 
     from polar.rendering.chat_template import SMOLLM2_TOOLS_TEMPLATE, bundled_template

@@ -26,7 +26,7 @@ from polar.errors import (
     EngineUnavailable,
     GatewayError,
 )
-from polar.extras import installed, require
+from polar.extras import MissingExtra, require
 from polar.gateway.config import GatewayConfig, RenderConfig
 from polar.gateway.sessions import SessionTable
 from polar.providers.types import Completion, NormalizedRequest
@@ -65,7 +65,13 @@ async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
         notes.append(
             f"served_model {config.served_model!r} differs from the engine's {info.name!r}"
         )
-    renderer = await asyncio.to_thread(_renderer, config.render, engine, info)
+    unrendered = "no tokenizer known for the served model (set render.tokenizer)"
+    try:
+        renderer = await asyncio.to_thread(_renderer, config.render, engine, info)
+    except MissingExtra as exc:
+        if config.render.mode != "auto" or config.render.tokenizer:
+            raise  # asked for by name: fail the start
+        renderer, unrendered = None, str(exc)
     if renderer is None and window is not None and not await _can_count(engine, served):
         notes.append(
             "the engine has no working /tokenize: prompts are not checked against the context "
@@ -73,7 +79,10 @@ async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
         )
         window = None
     if renderer is None and config.render.mode == "auto":
-        notes.append(_engine_renders_note())
+        notes.append(
+            f"render: auto renders prompts in the engine: {unrendered}; merged traces split "
+            "wherever the engine's re-rendering differs from what was sampled"
+        )
     for note in notes:
         log.warning(note)
     return EngineFacts(served, window, renderer, notes)
@@ -111,18 +120,6 @@ async def _can_count(engine: Engine, model: str | None) -> bool:
     except GatewayError:
         return False
     return True
-
-
-def _engine_renders_note() -> str:
-    why = (
-        "transformers is not installed (pip install 'polar[render]')"
-        if not installed("render")
-        else "no tokenizer known for the served model (set render.tokenizer)"
-    )
-    return (
-        f"render: auto renders prompts in the engine: {why}; merged traces split wherever "
-        "the engine's re-rendering differs from what was sampled"
-    )
 
 
 def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Renderer | None:
@@ -164,9 +161,6 @@ def _tokenizer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> 
     local = engine.local_tokenizer()
     if local is not None:
         return local
-    if render.mode == "auto" and not installed("render"):
-        return None  # discover's note names the extra
-    require("render", "render: gateway")
     if info is not None and info.root and (Path(info.root) / "tokenizer_config.json").is_file():
         return load_tokenizer(info.root)
     if info is not None and info.name == SMOLLM2_MODEL_NAME:
