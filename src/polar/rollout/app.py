@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
 from polar import __version__
@@ -67,24 +68,44 @@ async def submit_task(request: Request, task: TaskSubmission) -> TaskSummary:
 
 @router.get("/tasks", tags=["tasks"])
 async def list_tasks(request: Request) -> list[TaskSummary]:
-    return _service(request).summaries()
+    return await asyncio.to_thread(_service(request).summaries)
 
 
-@router.get("/tasks/{task_id}", tags=["tasks"], responses={404: {}})
-async def get_task(request: Request, task_id: str) -> TaskResult:
-    """The task's status and the results of its finished sessions (poll until COMPLETED)."""
-    result = _service(request).task_result(task_id)
-    if result is None:
+@router.get(
+    "/tasks/{task_id}",
+    tags=["tasks"],
+    response_class=Response,
+    responses={200: {"model": TaskResult, "content": {"application/json": {}}}, 404: {}},
+)
+async def get_task(request: Request, task_id: str) -> Response:
+    """The task's status and the results of its finished sessions. To wait for a task, follow
+    ``/events`` (or poll ``/tasks/{id}/summary``) and read this once it is COMPLETED."""
+    body = await asyncio.to_thread(_service(request).task_result_json, task_id)
+    if body is None:
         raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
-    return result
+    return Response(body, media_type="application/json")
+
+
+@router.get("/tasks/{task_id}/summary", tags=["tasks"], responses={404: {}})
+async def get_task_summary(request: Request, task_id: str) -> TaskSummary:
+    """Status and session counts by status: cheap, whatever the size of the results."""
+    summary = await asyncio.to_thread(_service(request).summary, task_id)
+    if summary is None:
+        raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
+    return summary
 
 
 @router.get("/tasks/{task_id}/sessions", tags=["tasks"], responses={404: {}})
 async def list_sessions(request: Request, task_id: str) -> list[SessionView]:
     service = _service(request)
-    if service.summary(task_id) is None:
+
+    def views() -> list[SessionView] | None:
+        return service.session_views(task_id) if service.store.task(task_id) else None
+
+    found = await asyncio.to_thread(views)
+    if found is None:
         raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
-    return service.session_views(task_id)
+    return found
 
 
 @router.get("/events", tags=["tasks"], response_class=StreamingResponse)
@@ -145,7 +166,7 @@ async def post_result(request: Request, result: FinalResult) -> ResultAck:
 
 @router.get("/status", tags=["admin"])
 async def status(request: Request) -> dict[str, Any]:
-    return _service(request).status()
+    return await asyncio.to_thread(_service(request).status)
 
 
 def create_rollout_app(
@@ -167,7 +188,7 @@ def create_rollout_app(
 
     @app.get("/health", tags=["admin"])
     async def health() -> dict[str, Any]:
-        tasks = service.store.tasks()
+        tasks = await asyncio.to_thread(service.store.tasks)
         return {
             "status": "ok",
             "running_tasks": sum(1 for t in tasks if t.status == TaskStatus.RUNNING),

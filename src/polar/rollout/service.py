@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
@@ -117,17 +118,21 @@ class RolloutService:
     def summaries(self) -> list[TaskSummary]:
         return [self._summary(row) for row in self.store.tasks()]
 
-    def task_result(self, task_id: str) -> TaskResult | None:
+    def task_result_json(self, task_id: str) -> bytes | None:
+        """A :class:`TaskResult` as JSON, spliced from the stored result documents: answering
+        costs a read, not a parse and re-serialization of every trajectory. Blocking: call it
+        from a worker thread."""
         row = self.store.task(task_id)
         if row is None:
             return None
-        results = [s.result for s in self.store.sessions(task_id) if s.result is not None]
-        return TaskResult(
-            task_id=task_id,
-            status=row.status,
-            results=results,
-            result_paths=[str(self.store.results_path(task_id))],
-        )
+        head = orjson.dumps({"task_id": task_id, "status": row.status})[:-1]
+        paths = orjson.dumps([str(self.store.results_path(task_id))])
+        results = b",".join(self.store.result_blobs(task_id))
+        return head + b',"results":[' + results + b'],"result_paths":' + paths + b"}"
+
+    def task_result(self, task_id: str) -> TaskResult | None:
+        body = self.task_result_json(task_id)
+        return TaskResult.model_validate_json(body) if body is not None else None
 
     def session_views(self, task_id: str) -> list[SessionView]:
         return [_session_view(s) for s in self.store.sessions(task_id)]

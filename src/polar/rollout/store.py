@@ -151,6 +151,17 @@ class RolloutStore:
     def sessions(self, task_id: str) -> list[SessionRow]:
         return self._sessions("WHERE task_id = ? ORDER BY sample_index", (task_id,))
 
+    def result_blobs(self, task_id: str) -> list[bytes]:
+        """The task's final results as stored (SessionResult JSON), in sample order: what
+        ``GET /tasks/{id}`` sends without parsing a single trajectory."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT result FROM sessions WHERE task_id = ? AND result IS NOT NULL"
+                " ORDER BY sample_index",
+                (task_id,),
+            ).fetchall()
+        return [bytes(r[0]) for r in rows]
+
     def session(self, session_id: str) -> SessionRow | None:
         rows = self._sessions("WHERE session_id = ?", (session_id,))
         return rows[0] if rows else None

@@ -9,6 +9,11 @@ from polar.schemas.task import SessionStatus, TaskRequest
 IDEMPOTENCY_HEADER = "idempotency-key"
 SESSION_HEADER = "x-polar-session-id"
 
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+_HOST = r"([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+# A URL the rollout server can call: http(s), an ASCII host name or address, a port in range.
+NODE_URL = rf"^https?://({_HOST}|\[[0-9A-Fa-f:.]+\])(:{_PORT})?(/[!-~]*)?$"
+
 
 class StageCounts(BaseModel):
     """How many of a node's unfinished sessions sit in each stage."""
@@ -49,7 +54,7 @@ class NodeStatus(BaseModel):
 
     node_id: str = Field(min_length=1)
     url: str = Field(
-        pattern=r"^https?://", description="Where the rollout server dispatches sessions."
+        pattern=NODE_URL, description="Where the rollout server dispatches sessions."
     )
     draining: bool = False
     paused: bool = False
