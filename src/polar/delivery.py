@@ -80,7 +80,7 @@ async def deliver(
             log.info("%s: %r; retrying", what, exc)
             return Outcome.RETRY
 
-    retrying = tenacity.AsyncRetrying(**_retry_args(policy))
+    retrying = tenacity.AsyncRetrying(retry=_WHILE_RETRY, wait=_wait(policy), stop=_stop(policy))
     try:
         return await retrying(once)
     except tenacity.RetryError:
@@ -101,23 +101,24 @@ def deliver_sync(
             return Outcome.RETRY
 
     try:
-        return tenacity.Retrying(**_retry_args(policy))(once)
+        retrying = tenacity.Retrying(retry=_WHILE_RETRY, wait=_wait(policy), stop=_stop(policy))
+        return retrying(once)
     except tenacity.RetryError:
         log.warning("%s: gave up after %s", what, _spent(policy))
         return Outcome.GAVE_UP
 
 
-def _retry_args(policy: RetryPolicy) -> dict[str, object]:
-    stop = (
-        tenacity.stop_after_delay(policy.deadline_s)
-        if policy.deadline_s is not None
-        else tenacity.stop_never
-    )
-    return {
-        "retry": tenacity.retry_if_result(lambda outcome: outcome is Outcome.RETRY),
-        "wait": tenacity.wait_exponential(multiplier=policy.initial_s, max=policy.max_s),
-        "stop": stop,
-    }
+_WHILE_RETRY = tenacity.retry_if_result(lambda outcome: outcome is Outcome.RETRY)
+
+
+def _wait(policy: RetryPolicy) -> tenacity.wait.wait_base:
+    return tenacity.wait_exponential(multiplier=policy.initial_s, max=policy.max_s)
+
+
+def _stop(policy: RetryPolicy) -> tenacity.stop.stop_base:
+    if policy.deadline_s is None:
+        return tenacity.stop_never
+    return tenacity.stop_after_delay(policy.deadline_s)
 
 
 def _spent(policy: RetryPolicy) -> str:
