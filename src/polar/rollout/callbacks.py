@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
+from functools import partial
 
 import httpx
 
-from polar.delivery import RetryPolicy
+from polar.delivery import Outcome, RetryPolicy, deliver, outcome_of
 from polar.rollout.store import RolloutStore
 from polar.schemas.node import IDEMPOTENCY_HEADER, SESSION_HEADER
 from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult
 
 log = logging.getLogger("polar.rollout.callbacks")
-
-# Answers worth retrying: the receiver is down, overloaded or behind a failing proxy.
-_RETRY_STATUS = {408, 425, 429}
 
 
 class CallbackSender:
@@ -68,36 +65,27 @@ class CallbackSender:
             IDEMPOTENCY_HEADER: result.session_id,
             SESSION_HEADER: result.session_id,
         }
-        deadline = time.monotonic() + self.policy.deadline_s
-        attempt = 0
-        state = CallbackState.FAILED
-        while True:
-            outcome = await self._attempt(url, body, headers)
-            if outcome == "delivered":
-                state = CallbackState.DELIVERED
-                break
-            if outcome == "rejected" or time.monotonic() + self.policy.delay(attempt) > deadline:
-                break
-            await asyncio.sleep(self.policy.delay(attempt))
-            attempt += 1
+        what = f"callback for session {result.session_id} to {url}"
+        try:
+            outcome = await deliver(
+                partial(self._attempt, url, body, headers), self.policy, what=what
+            )
+        except Exception:
+            # A bug, not the network: say so, and record the failure rather than die silently.
+            log.exception("%s broke", what)
+            outcome = Outcome.GAVE_UP
+        state = CallbackState.DELIVERED if outcome is Outcome.DELIVERED else CallbackState.FAILED
         await asyncio.to_thread(self.store.set_callback, result.session_id, state)
         if state == CallbackState.FAILED:
-            log.warning("callback for session %s to %s failed for good", result.session_id, url)
+            log.warning("%s failed for good", what)
         if self.on_done is not None:
             self.on_done(result.session_id, state)
 
-    async def _attempt(self, url: str, body: bytes, headers: dict[str, str]) -> str:
-        """``delivered``, ``retry``, or ``rejected`` (a 4xx the receiver will not change its mind on)."""
-        try:
-            reply = await self.client.post(
-                url, content=body, headers=headers, timeout=self.policy.timeout_s
-            )
-        except httpx.HTTPError as exc:
-            log.info("callback to %s failed: %r; retrying", url, exc)
-            return "retry"
-        if reply.is_success:
-            return "delivered"
-        if reply.status_code >= 500 or reply.status_code in _RETRY_STATUS:
-            return "retry"
-        log.warning("callback to %s rejected with HTTP %d", url, reply.status_code)
-        return "rejected"
+    async def _attempt(self, url: str, body: bytes, headers: dict[str, str]) -> Outcome:
+        reply = await self.client.post(
+            url, content=body, headers=headers, timeout=self.policy.timeout_s
+        )
+        outcome = outcome_of(reply)
+        if outcome is Outcome.REJECTED:
+            log.warning("callback to %s rejected with HTTP %d", url, reply.status_code)
+        return outcome

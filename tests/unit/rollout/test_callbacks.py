@@ -93,3 +93,56 @@ async def test_server_errors_are_retried_client_errors_are_not(store: RolloutSto
         await drain(sender)
     assert len(refusing.attempts) == 1
     assert store.session("s2").callback == CallbackState.FAILED  # type: ignore[union-attr]
+
+
+class Script:
+    """A trainer endpoint that answers ``replies`` in order (an exception is raised)."""
+
+    def __init__(self, *replies: int | Exception) -> None:
+        self.replies = list(replies)
+        self.attempts = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        reply = self.replies[min(self.attempts, len(self.replies) - 1)]
+        self.attempts += 1
+        if isinstance(reply, Exception):
+            raise reply
+        return httpx.Response(reply)
+
+
+@pytest.mark.parametrize(
+    ("replies", "attempts", "state"),
+    [
+        ((500, 500, 200), 3, CallbackState.DELIVERED),
+        ((429, 408, 425, 502, 201), 5, CallbackState.DELIVERED),
+        ((400, 200), 1, CallbackState.FAILED),
+        ((503, 404, 200), 2, CallbackState.FAILED),
+    ],
+)
+async def test_each_answer_has_its_outcome(
+    store: RolloutStore, replies: tuple[int, ...], attempts: int, state: CallbackState
+) -> None:
+    receiver = Script(*replies)
+    done: list[tuple[str, str]] = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(receiver)) as client:
+        sender = CallbackSender(store, FAST, client, on_done=lambda s, st: done.append((s, st)))
+        sender.send("http://cb/x", finish(store, "s1"))
+        await drain(sender)
+    assert receiver.attempts == attempts
+    assert done == [("s1", state)]
+    assert store.session("s1").callback == state  # type: ignore[union-attr]
+
+
+async def test_a_bug_in_an_attempt_fails_the_callback_loudly(
+    store: RolloutStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver = Script(ValueError("not a network problem"), 200)
+    done: list[tuple[str, str]] = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(receiver)) as client:
+        sender = CallbackSender(store, FAST, client, on_done=lambda s, st: done.append((s, st)))
+        sender.send("http://cb/x", finish(store, "s1"))
+        await drain(sender)
+    assert receiver.attempts == 1
+    assert done == [("s1", CallbackState.FAILED)]
+    assert store.session("s1").callback == CallbackState.FAILED  # type: ignore[union-attr]
+    assert any(r.exc_info and "not a network problem" in str(r.exc_info[1]) for r in caplog.records)
