@@ -18,11 +18,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import httpx
 import orjson
 
+from polar.delivery import Outcome, deliver
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
@@ -315,38 +317,40 @@ class RolloutService:
         task.add_done_callback(lambda _: self._sending.pop(row.session_id, None))
 
     async def _send_until_acknowledged(self, row: SessionRow, node_id: str) -> None:
-        """POST the dispatch to its node until it answers; only that node, however long."""
-        policy = self.config.dispatch_retry
-        body = SessionDispatch(
-            session_id=row.session_id,
-            sample_index=row.sample_index,
-            task=self._request(row.task_id),
-        ).model_dump_json()
-        attempt = 0
-        while True:
+        """POST the dispatch to its node until it answers: only that node, for as long as it
+        lives (the liveness loop fails the sessions of a node that dies)."""
+        what = f"dispatch of {row.session_id} to {node_id}"
+        # No deadline: the node's liveness, not a timer, decides when to stop.
+        policy = self.config.dispatch_retry.model_copy(update={"deadline_s": None})
+
+        def node_gone() -> bool:
             record = self.nodes.get(node_id)
-            if record is None or record.dead:
-                return  # the liveness loop fails the session
-            if record.url is not None:
-                outcome = await self._post_dispatch(
-                    row, record.url, node_id, body, policy.timeout_s
-                )
-                if outcome != "retry":
-                    return
-            await asyncio.sleep(policy.delay(attempt))
-            attempt += 1
+            return record is None or record.dead
+
+        try:
+            body = SessionDispatch(
+                session_id=row.session_id,
+                sample_index=row.sample_index,
+                task=self._request(row.task_id),
+            ).model_dump_json()
+            attempt = partial(self._post_dispatch, row, node_id, body, policy.timeout_s)
+            await deliver(attempt, policy, what=what, give_up_if=node_gone)
+        except Exception as exc:
+            # A bug or a garbled answer, not the network: retrying would repeat it for as long
+            # as the node lives, so fail the session and let its task complete.
+            log.exception("%s broke; failing the session", what)
+            await self.accept_result(_failed(row, node_id, f"{what} failed: {exc!r}"))
 
     async def _post_dispatch(
-        self, row: SessionRow, url: str, node_id: str, body: str, timeout_s: float
-    ) -> str:
+        self, row: SessionRow, node_id: str, body: str, timeout_s: float
+    ) -> Outcome:
+        record = self.nodes.get(node_id)
+        if record is None or record.url is None:
+            return Outcome.RETRY  # owed results after a restart, not registered again yet
         headers = {**self._node_headers(node_id), "content-type": "application/json"}
-        try:
-            reply = await self.client.post(
-                f"{url}/polar/node/sessions", content=body, headers=headers, timeout=timeout_s
-            )
-        except httpx.HTTPError as exc:
-            log.info("dispatch of %s to %s unanswered (%r); retrying", row.session_id, node_id, exc)
-            return "retry"
+        reply = await self.client.post(
+            f"{record.url}/polar/node/sessions", content=body, headers=headers, timeout=timeout_s
+        )
         if reply.status_code in (200, 201):
             info = NodeSessionInfo.model_validate_json(reply.content)
             await asyncio.to_thread(self.store.acknowledge, row.session_id, info.status)
@@ -356,17 +360,17 @@ class RolloutService:
                 session_id=row.session_id,
                 node_id=node_id,
             )
-            return "done"
+            return Outcome.DELIVERED
         if reply.status_code in (429, 503):
             await asyncio.to_thread(self.store.unassign, row.session_id)
             self.wake()
-            return "refused"
+            return Outcome.REFUSED
         if reply.status_code >= 500:
-            return "retry"
+            return Outcome.RETRY
         await self.accept_result(
             _failed(row, node_id, f"node {node_id} rejected the session: HTTP {reply.status_code}")
         )
-        return "rejected"
+        return Outcome.REJECTED
 
     def _node_headers(self, node_id: str) -> dict[str, str]:
         token = self.config.node_tokens.get(node_id, self.config.admin_token)

@@ -40,6 +40,7 @@ class FakeNodes:
         self.lose_first_acks = False  # every session's first acknowledgement is lost
         self._lost: set[str] = set()
         self.refusing: set[str] = set()  # nodes answering 429
+        self.answers: list[int | bytes | Exception] = []  # the next dispatches' answers, any node
         self.callbacks: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -52,6 +53,13 @@ class FakeNodes:
         dispatch = SessionDispatch.model_validate_json(request.content)
         sid = dispatch.session_id
         self.dispatches.append((node, sid))
+        if self.answers:
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            if isinstance(answer, bytes):
+                return httpx.Response(201, content=answer)
+            return httpx.Response(answer, json={"detail": "scripted"})
         if node in self.refusing:
             return httpx.Response(429, json={"detail": "full"})
         self.started.setdefault(node, set()).add(sid)
@@ -239,3 +247,74 @@ async def test_a_node_that_restarted_loses_its_acknowledged_sessions(env) -> Non
     await service.register(report("a"))  # a fresh node process knows nothing
     view = service.session_views("t")[0]
     assert view.status == SessionStatus.ERROR and "restarted" in (view.error or "")
+
+
+async def test_server_errors_are_retried_to_the_same_node(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.register(report("b"))
+    nodes.answers = [500, 502, 504]
+    await service.submit(task(n=1))
+    await until(lambda: service.session_views("t")[0].acknowledged)
+    assert len(nodes.dispatches) == 4 and len({n for n, _ in nodes.dispatches}) == 1
+
+
+async def test_a_node_answering_503_then_201_gets_the_session(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    nodes.answers = [503]  # refused: back to the queue, then dispatched again
+    await service.submit(task(n=1))
+    await until(lambda: service.session_views("t")[0].acknowledged)
+    assert [n for n, _ in nodes.dispatches] == ["a", "a"]
+    assert service.session_views("t")[0].status == SessionStatus.INITIALIZING
+
+
+async def test_a_client_error_fails_the_session_at_once(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    nodes.answers = [400]
+    await service.submit(task(n=1))
+    await until(lambda: service.summary("t").status == TaskStatus.COMPLETED)  # type: ignore[union-attr]
+    view = service.session_views("t")[0]
+    assert view.status == SessionStatus.ERROR and "HTTP 400" in (view.error or "")
+    await until(lambda: not service._sending)
+    assert len(nodes.dispatches) == 1
+
+
+async def test_dispatch_stops_when_its_node_dies(env) -> None:
+    nodes, clock, make = env
+    service = await make()
+    await service.register(report("a"))
+    nodes.answers = [500] * 10_000
+    await service.submit(task(n=1))
+    await until(lambda: len(nodes.dispatches) >= 3)
+    clock.now += 11  # past the grace period
+    assert await service.expire_nodes() == ["a"]
+    await until(lambda: not service._sending)
+    sent = len(nodes.dispatches)
+    await asyncio.sleep(0.05)
+    assert len(nodes.dispatches) == sent
+    view = service.session_views("t")[0]
+    assert view.status == SessionStatus.ERROR and "no heartbeat" in (view.error or "")
+
+
+@pytest.mark.parametrize(
+    "answer", [ValueError("a bug, not the network"), b"a garbled acknowledgement"]
+)
+async def test_an_unexpected_error_in_a_dispatch_fails_the_session_loudly(
+    env, answer: bytes | Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    nodes.answers = [answer]
+    await service.submit(task(n=1))
+    await until(lambda: service.summary("t").status == TaskStatus.COMPLETED)  # type: ignore[union-attr]
+    view = service.session_views("t")[0]
+    assert view.status == SessionStatus.ERROR and "dispatch of" in (view.error or "")
+    await until(lambda: not service._sending)
+    assert len(nodes.dispatches) == 1
+    assert any("broke; failing the session" in r.getMessage() for r in caplog.records)
