@@ -78,7 +78,7 @@ CORE_MODULES = [
     "polar.harnesses.registry",
     "polar.runtimes.registry",
     "polar.evaluators.registry",
-    "polar.training.rollout_client",
+    "polar.client",
     "polar.training.bridges.trl",
 ]
 

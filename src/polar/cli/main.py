@@ -18,7 +18,7 @@ from polar.cli import (
     serve_gateway,
     train,
 )
-from polar.errors import ConfigError
+from polar.errors import PolarError
 
 COMMANDS = (quickstart, demo, serve_gateway, serve_engine, rollout, harness, train, capture)
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except PolarError as exc:
         print(f"polar: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar.client import RolloutClient, RolloutTimeout
 from polar.config_loader import load_config
-from polar.errors import ConfigError
+from polar.delivery import RetryPolicy
 from polar.rollout.app import create_rollout_app
-from polar.schemas.task import TaskRequest
+from polar.schemas.task import SessionStatus, TaskRequest, TaskResult
 from polar.stack.topology import Topology
 
 DEFAULT_URL = "http://127.0.0.1:8200"
-_FINAL = ("COMPLETED", "ERROR", "TIMEOUT")
+# `polar status` answers at once: one try, no retrying a server that is not there.
+_ONE_TRY = RetryPolicy(initial_s=0.1, max_s=0.1, deadline_s=0.1)
 
 
 def add_parser(sub: Any) -> None:
@@ -82,38 +82,12 @@ def load_task(path: str | Path) -> TaskRequest:
     return load_config(TaskRequest, path, what="task")
 
 
-def _client(args: argparse.Namespace) -> httpx.Client:
-    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
-    return httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=30)
-
-
-def _check(reply: httpx.Response) -> Any:
-    if reply.is_error:
-        try:
-            detail = reply.json().get("detail", reply.text)
-        except ValueError:
-            detail = reply.text
-        raise ConfigError(f"rollout server answered HTTP {reply.status_code}: {detail}")
-    return reply.json()
-
-
 def submit_task(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     console = Console()
-    with _client(args) as client:
-        try:
-            summary = _check(
-                client.post(
-                    "/tasks",
-                    content=task.model_dump_json(exclude_unset=True),
-                    headers={"content-type": "application/json"},
-                )
-            )
-        except httpx.HTTPError as exc:
-            raise ConfigError(f"cannot reach the rollout server at {args.url}: {exc}") from exc
-        console.print(
-            f"submitted [bold]{summary['task_id']}[/bold]: {summary['num_samples']} sessions"
-        )
+    with RolloutClient(args.url, token=args.token) as client:
+        summary = client.submit(task)
+        console.print(f"submitted [bold]{summary.task_id}[/bold]: {summary.num_samples} sessions")
         if not args.wait:
             return 0
         result = _follow(client, console, task, args.timeout)
@@ -121,76 +95,68 @@ def submit_task(args: argparse.Namespace) -> int:
         console.print("[yellow]stopped waiting; the task is still running[/yellow]")
         return 1
     _print_results(console, result)
-    return 0 if all(r["status"] == "COMPLETED" for r in result["results"]) else 1
+    return 0 if all(r.status is SessionStatus.COMPLETED for r in result.results) else 1
 
 
 def _follow(
-    client: httpx.Client, console: Console, task: TaskRequest, timeout: float
-) -> dict[str, Any] | None:
-    """Poll the task with a progress bar; the finished task, or None on timeout."""
-    deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
+    client: RolloutClient, console: Console, task: TaskRequest, timeout: float
+) -> TaskResult | None:
+    """Follow the task's events with a progress bar; the finished task, or None on timeout."""
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[detail]}"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        bar = progress.add_task(task.task_id, total=task.num_samples, detail="")
-        while time.monotonic() < deadline:
-            summaries = _check(client.get("/tasks"))
-            summary = next((s for s in summaries if s["task_id"] == task.task_id), None)
-            if summary is not None:
-                counts = summary["counts"]
-                done = sum(counts.get(s, 0) for s in _FINAL)
-                detail = " ".join(f"{k.lower()}={v}" for k, v in sorted(counts.items()))
-                progress.update(bar, completed=done, detail=detail)
-                if summary["status"] == "COMPLETED":
-                    return dict(_check(client.get(f"/tasks/{task.task_id}")))
-            time.sleep(0.5)
-    return None
+        bar = progress.add_task(task.task_id, total=task.num_samples)
+        try:
+            done = client.wait(
+                [task.task_id],
+                timeout if timeout > 0 else float("inf"),
+                lambda finished: progress.update(bar, completed=finished),
+            )
+        except RolloutTimeout:
+            return None
+    return done[task.task_id]
 
 
-def _print_results(console: Console, result: dict[str, Any]) -> None:
-    table = Table(title=f"task {result['task_id']}")
+def _print_results(console: Console, result: TaskResult) -> None:
+    table = Table(title=f"task {result.task_id}")
     for column in ("session", "status", "reward", "node", "seconds", "error"):
         table.add_column(column)
-    for r in result["results"]:
+    for r in result.results:
         table.add_row(
-            r["session_id"][:14] + "…",
-            r["status"],
-            "" if r["reward"] is None else f"{r['reward']:g}",
-            r.get("node_id") or "",
-            f"{r['timing'].get('total', 0):.1f}",
-            (r.get("error") or "")[:60],
+            r.session_id[:14] + "…",
+            r.status,
+            "" if r.reward is None else f"{r.reward:g}",
+            r.node_id or "",
+            f"{r.timing.get('total', 0):.1f}",
+            (r.error or "")[:60],
         )
     console.print(table)
-    for path in result["result_paths"]:
+    for path in result.result_paths:
         console.print(f"results: {path}")
 
 
 def show_status(args: argparse.Namespace) -> int:
     console = Console()
-    with _client(args) as client:
-        try:
-            status = _check(client.get("/status"))
-        except httpx.HTTPError as exc:
-            raise ConfigError(f"cannot reach the rollout server at {args.url}: {exc}") from exc
-        tasks = _check(client.get("/tasks"))
-        sessions = _check(client.get(f"/tasks/{args.task_id}/sessions")) if args.task_id else []
+    with RolloutClient(args.url, token=args.token, retry=_ONE_TRY) as client:
+        status = client.status()
+        tasks = client.tasks()
+        sessions = client.sessions(args.task_id) if args.task_id else []
     nodes = Table(title="nodes")
     for column in ("node", "health", "capacity", "queued", "init", "ready", "running", "postrun"):
         nodes.add_column(column)
-    for n in status["nodes"]:
-        health = "dead" if n["dead"] else "healthy" if n["healthy"] else "silent"
-        if n["draining"]:
+    for n in status.nodes:
+        health = "dead" if n.dead else "healthy" if n.healthy else "silent"
+        if n.draining:
             health += ", draining"
-        st = n["stages"]
+        st = n.stages
         nodes.add_row(
-            n["node_id"],
+            n.node_id,
             health,
-            str(n["capacity"]),
+            str(n.capacity),
             *(str(st.get(k, 0)) for k in ("queued", "initializing", "ready", "running")),
             str(st.get("postrun", 0) + st.get("postrun_queued", 0)),
         )
@@ -199,8 +165,8 @@ def show_status(args: argparse.Namespace) -> int:
     for column in ("task", "status", "samples", "sessions"):
         table.add_column(column)
     for t in tasks:
-        counts = " ".join(f"{k.lower()}={v}" for k, v in sorted(t["counts"].items()))
-        table.add_row(t["task_id"], t["status"], str(t["num_samples"]), counts)
+        counts = " ".join(f"{k.lower()}={v}" for k, v in sorted(t.counts.items()))
+        table.add_row(t.task_id, t.status, str(t.num_samples), counts)
     console.print(table)
     if sessions:
         detail = Table(title=f"sessions of {args.task_id}")
@@ -208,12 +174,12 @@ def show_status(args: argparse.Namespace) -> int:
             detail.add_column(column)
         for s in sessions:
             detail.add_row(
-                str(s["sample_index"]),
-                s["session_id"],
-                s["status"],
-                s["node_id"] or "",
-                "" if s["reward"] is None else f"{s['reward']:g}",
-                s["callback"],
+                str(s.sample_index),
+                s.session_id,
+                s.status,
+                s.node_id or "",
+                "" if s.reward is None else f"{s.reward:g}",
+                s.callback,
             )
         console.print(detail)
     return 0

@@ -1,26 +1,29 @@
 """The live view of a run: sessions by stage, calls captured, tokens, rewards as they land.
 
-It reads only what any client could: the rollout server's session listing (over HTTP) and the
-gateway's capture store, polled a few times a second. On a terminal it redraws in place; in a
-log (CI) it prints one line per finished session instead of redrawing.
+It reads only what any client could: the rollout server through the typed client (whose
+``wait`` follows the server's event stream and decides when the run is over) and the gateway's
+capture store; the table is redrawn twice a second. On a terminal it redraws in place; in a log
+(CI) it prints one line per finished session instead of redrawing.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from polar.capture.store import CaptureStore
+from polar.client import RolloutClient, RolloutTimeout
+from polar.schemas.task import SessionStatus
 
-POLL_S = 0.5
-FINAL = ("COMPLETED", "TIMEOUT", "ERROR")
+REDRAW_S = 0.5
 # Session statuses grouped into the stages the view shows.
 STAGE_OF = {
     "REGISTERED": "queued",
@@ -48,28 +51,25 @@ class Snapshot:
     elapsed_s: float = 0.0
 
     def finished(self) -> list[dict[str, Any]]:
-        return [s for views in self.sessions.values() for s in views if s["status"] in FINAL]
+        return [s for views in self.sessions.values() for s in views if _final(s)]
 
     @property
     def all_done(self) -> bool:
         views = [s for v in self.sessions.values() for s in v]
-        return bool(views) and all(s["status"] in FINAL for s in views)
+        return bool(views) and all(_final(s) for s in views)
 
 
 class RunProgress:
-    """Polls the rollout server and the capture store until every task is finished."""
+    """Shows the run until the client's wait says every task is finished."""
 
     def __init__(
         self,
-        rollout_url: str,
+        client: RolloutClient,
         store: CaptureStore,
         task_ids: list[str],
         console: Console,
-        *,
-        token: str | None = None,
     ) -> None:
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=rollout_url, headers=headers, timeout=10)
+        self.client = client
         self.store = store
         self.task_ids = task_ids
         self.console = console
@@ -79,27 +79,31 @@ class RunProgress:
     def watch(self, deadline_s: float) -> Snapshot:
         """Show progress until all sessions are final or ``deadline_s`` passes (returns the last
         snapshot either way; Ctrl-C propagates to the caller)."""
+        waiting = self.client.start_wait(self.task_ids, deadline_s)
         snapshot = self.poll()
         try:
             with Live(
                 self.render(snapshot), console=self.console, refresh_per_second=4, transient=False
             ) as live:
-                while not snapshot.all_done and time.monotonic() - self.started < deadline_s:
-                    time.sleep(POLL_S)
+                while not _settled(waiting, REDRAW_S):
                     snapshot = self.poll()
                     live.update(self.render(snapshot))
                     if not self.console.is_terminal:
                         self._log_finished(snapshot)
+                snapshot = self.poll()
+                live.update(self.render(snapshot))
+                if not self.console.is_terminal:
+                    self._log_finished(snapshot)
         finally:
-            self.http.close()
+            waiting.cancel()
         self.console.print()
         return snapshot
 
     def poll(self) -> Snapshot:
         snapshot = Snapshot(elapsed_s=time.monotonic() - self.started)
         for task_id in self.task_ids:
-            reply = self.http.get(f"/tasks/{task_id}/sessions")
-            snapshot.sessions[task_id] = reply.json() if reply.status_code == 200 else []
+            views = self.client.sessions(task_id)
+            snapshot.sessions[task_id] = [v.model_dump(mode="json") for v in views]
         for session_id in self.store.session_ids():
             for call in self.store.summaries(session_id):
                 snapshot.calls += 1
@@ -149,10 +153,25 @@ def _rewards(views: list[dict[str, Any]]) -> Text:
     text = Text()
     for view in sorted(views, key=lambda v: v["sample_index"]):
         reward = view.get("reward")
-        if view["status"] not in FINAL:
+        if not _final(view):
             text.append("… ", style="dim")
         elif reward is None:
             text.append(f"{view['status'].lower()} ", style="red")
         else:
             text.append(f"{reward:g} ", style="green" if reward > 0 else "yellow")
     return text
+
+
+def _final(view: dict[str, Any]) -> bool:
+    return SessionStatus(view["status"]).finished
+
+
+def _settled(waiting: Any, within_s: float) -> bool:
+    """Whether the wait ended (done, timed out or cancelled), waiting at most ``within_s``."""
+    try:
+        waiting.result(timeout=within_s)
+    except FutureTimeout:
+        return False
+    except (RolloutTimeout, CancelledError):
+        return True
+    return True

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 from rich.console import Console
 
+from polar.client import RolloutClient
 from polar.gateway.config import SamplingPolicy
 from polar.quickstart.outputs import read_captures, write_outputs
 from polar.quickstart.plan import (
@@ -39,7 +40,6 @@ from polar.quickstart.summary import RunSummary, summarize
 from polar.quickstart.tasks import load_suite, task_request
 from polar.schemas.task import SessionResult, TaskRequest
 from polar.stack.local import LocalStack
-from polar.training.rollout_client import RolloutClient
 
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
@@ -229,7 +229,7 @@ def _roll_out(
                 for request in requests:
                     client.submit(request)
                     submitted.append(request.task_id)
-                progress = RunProgress(stack.rollout_url, stack.store, submitted, console)
+                progress = RunProgress(client, stack.store, submitted, console)
                 last = progress.watch(_deadline_s(options, len(requests)))
                 if not last.all_done:
                     console.print("[yellow]warning:[/] the run's deadline passed; stopping")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from polar.schemas.task import SessionStatus, TaskStatus
 
@@ -60,3 +61,40 @@ class ResultAck(BaseModel):
     session_id: str
     accepted: bool
     duplicate: bool
+
+
+class ServerStatus(BaseModel):
+    """``GET /status``: nodes, task and session counts, and what is in flight."""
+
+    nodes: list[NodeView]
+    tasks: dict[str, int] = Field(description="running and total.")
+    sessions: dict[str, int] = Field(description="Sessions per status, all tasks.")
+    dispatching: int
+    callbacks_in_flight: int
+    event_subscribers: int
+
+
+class EventKind(StrEnum):
+    """What ``GET /events`` reports, in order of a session's life."""
+
+    TASK_SUBMITTED = "task_submitted"
+    SESSION_DISPATCHED = "session_dispatched"
+    SESSION_FINISHED = "session_finished"
+    TASK_COMPLETED = "task_completed"
+    CALLBACK = "callback"
+    NODE_REGISTERED = "node_registered"
+    NODE_DRAINING = "node_draining"
+    NODE_DEAD = "node_dead"
+
+
+class RolloutEvent(BaseModel):
+    """One Server-Sent Event of ``GET /events``: numbered, so a client resumes after a drop."""
+
+    id: int
+    kind: EventKind
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str | None:
+        task_id = self.data.get("task_id")
+        return task_id if isinstance(task_id, str) else None

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from polar.client import RolloutClient
 from polar.engines.embedded import EmbeddedEngineCore, LoadedModel, load_model
 from polar.errors import ConfigError
 from polar.gateway.config import SamplingPolicy
@@ -49,7 +50,6 @@ from polar.training.checkpoints import (
 from polar.training.gateway_control import GatewayControl
 from polar.training.losses import clipped_policy_loss, loss_weights
 from polar.training.metrics import MetricsLog, plot_rewards
-from polar.training.rollout_client import RolloutClient
 from polar.training.tasks import task_source
 from polar.training.trainer_config import TrainConfig
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from polar.cli import rollout as cli
+from polar.client import RolloutError
 from polar.errors import ConfigError
 from polar.gateway.server import BackgroundServer
 from polar.rollout.app import create_rollout_app
@@ -53,8 +54,8 @@ def test_errors_are_clear(server: BackgroundServer, tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("task_id: x\ninstruction: y\n")
     args = parse("submit", str(good), "--url", server.url)
-    with pytest.raises(ConfigError, match="HTTP 401"):
+    with pytest.raises(RolloutError, match="HTTP 401"):
         args.func(args)
     args = parse("status", "--url", "http://127.0.0.1:9")
-    with pytest.raises(ConfigError, match="cannot reach"):
+    with pytest.raises(RolloutError, match="cannot reach"):
         args.func(args)

@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from polar.client import RolloutClient
 from polar.errors import ConfigError
 from polar.registry import Registry
 from polar.schemas.task import SessionStatus, TaskRequest
@@ -41,7 +42,6 @@ from polar.training.bridges.sessions import (
     untrainable,
 )
 from polar.training.gateway_control import GatewayControl
-from polar.training.rollout_client import RolloutClient
 from polar.trajectory.exporters.slime import SlimeExporter
 
 SampleFactory = Callable[[Any], TaskRequest]

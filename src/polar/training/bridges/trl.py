@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from polar.client import RolloutClient
 from polar.schemas.task import TaskRequest
 from polar.schemas.trajectory import Trace
 from polar.training.bridges.sessions import (
@@ -33,7 +34,6 @@ from polar.training.bridges.sessions import (
     session_rows,
     untrainable,
 )
-from polar.training.rollout_client import RolloutClient
 from polar.trajectory.exporters.trl import TRLExporter
 
 TaskFactory = Callable[[Any, int], TaskRequest]

@@ -27,9 +27,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from polar.client import RolloutClient
 from polar.schemas.task import TaskRequest
 from polar.training.bridges.sessions import BridgeFailurePolicy, session_rows, untrainable
-from polar.training.rollout_client import RolloutClient
 from polar.trajectory.exporters.verl import VerlExporter
 
 LoopTaskFactory = Callable[[dict[str, Any]], TaskRequest]

@@ -1,0 +1,172 @@
+"""The one typed rollout client, against a real rollout server on loopback: submit, follow the
+event stream to completion, progress, timeouts, a lost submit answer, a dropped stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar.client import AsyncRolloutClient, RolloutClient, RolloutError, RolloutTimeout
+from polar.delivery import RetryPolicy
+from polar.gateway.server import BackgroundServer
+from polar.rollout.app import create_rollout_app
+from polar.rollout.config import RolloutServerConfig
+from polar.schemas.rollout import EventKind
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
+
+TOKEN = "tok"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[BackgroundServer]:
+    config = RolloutServerConfig(data_dir=tmp_path / "data", admin_token=TOKEN)
+    with BackgroundServer(create_rollout_app(config)) as s:
+        yield s
+
+
+def finish(url: str, task_id: str, *, reward: float = 1.0, delay_s: float = 0.0) -> None:
+    """Play a node: post a final result for each of the task's sessions."""
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=10) as http:
+        for view in http.get(f"/tasks/{task_id}/sessions").json():
+            time.sleep(delay_s)
+            result = SessionResult(
+                session_id=view["session_id"],
+                task_id=task_id,
+                status=SessionStatus.COMPLETED,
+                reward=reward,
+            )
+            answer = http.post(
+                "/results",
+                content=result.model_dump_json(),
+                headers={"content-type": "application/json"},
+            )
+            assert answer.status_code == 200, answer.text
+
+
+def task(task_id: str, n: int = 3) -> TaskRequest:
+    return TaskRequest(task_id=task_id, instruction="x", num_samples=n)
+
+
+def test_wait_follows_events_to_the_results_with_progress(server: BackgroundServer) -> None:
+    heard: list[int] = []
+    with RolloutClient(server.url, token=TOKEN) as client:
+        summary = client.submit(task("a"))
+        assert summary.status is TaskStatus.RUNNING and summary.num_samples == 3
+        node = threading.Thread(target=finish, args=(server.url, "a"), kwargs={"delay_s": 0.3})
+        node.start()
+        done = client.wait(["a"], timeout_s=20, progress=heard.append)
+        node.join()
+    result = done["a"]
+    assert result.status is TaskStatus.COMPLETED
+    assert [r.reward for r in result.results] == [1.0, 1.0, 1.0]
+    assert heard and heard == sorted(set(heard)) and heard[-1] == 3
+
+
+def test_a_task_finished_before_waiting_is_seen_at_once(server: BackgroundServer) -> None:
+    with RolloutClient(server.url, token=TOKEN) as client:
+        client.submit(task("early", n=2))
+        finish(server.url, "early")
+        started = time.monotonic()
+        done = client.wait(["early"], timeout_s=20)
+    assert time.monotonic() - started < 5
+    assert len(done["early"].results) == 2
+
+
+def test_wait_times_out_naming_the_unfinished_tasks(server: BackgroundServer) -> None:
+    with RolloutClient(server.url, token=TOKEN) as client:
+        client.submit(task("slow", n=1))
+        with pytest.raises(RolloutTimeout, match="1 task.*slow"):
+            client.wait(["slow"], timeout_s=0.5)
+
+
+def test_views_are_typed_and_a_wrong_token_is_a_clear_error(server: BackgroundServer) -> None:
+    with RolloutClient(server.url, token=TOKEN) as client:
+        client.submit(task("v", n=2))
+        sessions = client.sessions("v")
+        assert [s.status for s in sessions] == [SessionStatus.REGISTERED] * 2
+        assert client.status().sessions == {"REGISTERED": 2}
+        assert client.nodes() == []
+    with (
+        RolloutClient(server.url, token="wrong") as bad,
+        pytest.raises(RolloutError, match="HTTP 401"),
+    ):
+        bad.summary("v")
+
+
+def test_a_submit_whose_answer_was_lost_is_not_an_error() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(f"{request.method} {request.url.path}")
+        if len(calls) == 1:
+            raise httpx.ReadError("answer lost", request=request)
+        if request.method == "POST":
+            return httpx.Response(409, json={"detail": "task t is still running"})
+        summary = {
+            "task_id": "t",
+            "status": "RUNNING",
+            "num_samples": 1,
+            "counts": {},
+            "created_at": 0.0,
+            "finished_at": None,
+        }
+        return httpx.Response(200, json=summary)
+
+    fast = RetryPolicy(initial_s=0.001, max_s=0.001, deadline_s=5)
+    with RolloutClient("http://r", retry=fast, transport=httpx.MockTransport(handler)) as client:
+        summary = client.submit(TaskRequest(task_id="t", instruction="x"))
+    assert summary.task_id == "t"
+    assert calls == ["POST /tasks", "POST /tasks", "GET /tasks/t/summary"]
+
+
+def test_a_first_409_is_a_conflict() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(409, json={"detail": "task t is still running"})
+
+    with (
+        RolloutClient("http://r", transport=httpx.MockTransport(handler)) as client,
+        pytest.raises(RolloutError, match="409.*still running"),
+    ):
+        client.submit(TaskRequest(task_id="t", instruction="x"))
+
+
+def sse(*events: tuple[int, str]) -> bytes:
+    return b"".join(
+        f'id: {i}\nevent: {kind}\ndata: {{"task_id": "t"}}\n\n'.encode() for i, kind in events
+    )
+
+
+async def test_a_dropped_event_stream_resumes_after_the_last_event() -> None:
+    last_ids: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        last_ids.append(request.headers.get("last-event-id"))
+        if len(last_ids) == 1:  # the connection ends after two events
+            body = (
+                b": connected\n\n"
+                + sse((1, "task_submitted"))
+                + b": keepalive\n\n"  # a comment is not an event
+                + sse((2, "session_dispatched"))
+            )
+        else:
+            body = sse((3, "session_finished"))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    seen = []
+    async with AsyncRolloutClient("http://r", transport=httpx.MockTransport(handler)) as client:
+        async for event in client.events("t"):
+            seen.append((event.id, event.kind))
+            if len(seen) == 3:
+                break
+    assert seen == [
+        (1, EventKind.TASK_SUBMITTED),
+        (2, EventKind.SESSION_DISPATCHED),
+        (3, EventKind.SESSION_FINISHED),
+    ]
+    assert last_ids == ["0", "2"]
