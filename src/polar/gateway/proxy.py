@@ -272,9 +272,9 @@ class Proxy:
             finish_reason=completion.finish_reason,
             sampling=result.sampling,
             flags=flags + result.tokens.flags,
-            tags=list(normalized.extras.get("tags", [])),
+            tags=list(normalized.capture.tags),
             dropped_tools=normalized.dropped_tools,
-            notes=adapter_notes(normalized),
+            notes=normalized.capture.record_notes(),
         )
 
     def _error(self, provider: Provider | None, err: GatewayError) -> Response:
@@ -311,16 +311,7 @@ def tag_side_call(
         return
     tag = side_call_tag(harness, normalized, ctx.headers)
     if tag:
-        normalized.extras.setdefault("tags", []).append(tag)
-
-
-def adapter_notes(normalized: NormalizedRequest) -> list[str]:
-    """What the adapter dropped or rewrote, in words, so the record says so."""
-    extras = normalized.extras
-    notes = [str(n) for n in extras.get("notes", [])]
-    notes += [f"stripped: {line}" for line in extras.get("stripped", [])]
-    notes += [f"ignored item: {item}" for item in extras.get("ignored_items", [])]
-    return notes
+        normalized.capture.tags.append(tag)
 
 
 def _loads(raw: bytes) -> Any:

@@ -6,14 +6,14 @@ Request quirks handled here and nowhere else:
   merged, in order, into one leading system message. Lines starting with
   ``x-anthropic-billing-header:`` are removed from system text: Claude Code puts one there that
   changes on every call, which would break prefix merging. Removed lines go to
-  ``extras["stripped"]``.
+  ``capture.stripped``.
 * A user turn holding ``tool_result`` blocks becomes one ``role: tool`` message per result (in
   order), then a user message with the turn's other blocks. Tool-result content lists are
   flattened to text; a result with ``is_error: true`` is prefixed with ``"Error: "``. Images inside
   a tool result cannot ride in a chat tool message, so they move to that trailing user message.
 * ``thinking`` blocks become the assistant's ``reasoning``: the text inside our own synthetic
   ``signature`` when it decodes, else the block's ``thinking`` text. ``redacted_thinking`` and
-  server-tool blocks are dropped (noted in ``extras["notes"]``), as are server tools (any tool
+  server-tool blocks are dropped (noted in ``capture.notes``), as are server tools (any tool
   whose ``type`` is not ``custom``), listed in ``dropped_tools``.
 * ``cache_control``, ``metadata``, citations and ``disable_parallel_tool_use`` are ignored.
 
@@ -51,6 +51,7 @@ from polar.providers.base import (
 )
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
 from polar.providers.types import (
+    CaptureTags,
     Completion,
     Message,
     NormalizedRequest,
@@ -156,11 +157,7 @@ class AnthropicProvider(Provider):
         messages = [{"role": "system", "content": system}] if system else []
         messages.extend(history)
 
-        extras: dict[str, Any] = {"model": model, "thinking": _thinking_type(body.get("thinking"))}
-        if conversion.stripped:
-            extras["stripped"] = conversion.stripped
-        if conversion.notes:
-            extras["notes"] = conversion.notes
+        _check_thinking(body.get("thinking"))  # checked only: the engines have no thinking switch
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -170,7 +167,8 @@ class AnthropicProvider(Provider):
             params=_sampling(body),
             stream=stream,
             dropped_tools=dropped,
-            extras=extras,
+            requested_model=model,
+            capture=CaptureTags(notes=conversion.notes, stripped=conversion.stripped),
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -465,10 +463,9 @@ def _tool_choice(raw: Any) -> Any:
     raise InvalidRequest("tool_choice.type must be auto, any, tool or none")
 
 
-def _thinking_type(raw: Any) -> str | None:
-    if raw is None:
-        return None
-    return _string(require_dict(raw, "thinking").get("type"), "thinking.type")
+def _check_thinking(raw: Any) -> None:
+    if raw is not None:
+        _string(require_dict(raw, "thinking").get("type"), "thinking.type")
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:
@@ -533,7 +530,7 @@ def _message(
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "model": request.extras.get("model") or request.model or completion.model,
+        "model": request.requested_model or request.model or completion.model,
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": completion.stop_sequence if stop_reason == "stop_sequence" else None,

@@ -92,6 +92,18 @@ _SCHEMA_RENAMES = {"defs": "$defs", "ref": "$ref"}
 _SCHEMA_DROPPED = {"propertyOrdering", "nullable"}
 
 
+@dataclass
+class GoogleState:
+    """What this adapter remembers between parsing a request and rendering its reply."""
+
+    include_thoughts: bool = False  # thinkingConfig.includeThoughts: reasoning comes back as parts
+
+
+def _state(request: NormalizedRequest) -> GoogleState:
+    state = request.adapter_state
+    return state if isinstance(state, GoogleState) else GoogleState()
+
+
 class GoogleProvider(Provider):
     """The Gemini API's generateContent family."""
 
@@ -121,12 +133,11 @@ class GoogleProvider(Provider):
         tools, dropped = _tools(body.get("tools"))
         gen_raw = body.get("generationConfig")
         gen = {} if gen_raw is None else _fields(require_dict(gen_raw, "generationConfig"))
-        extras: dict[str, Any] = {"model": model, "include_thoughts": False}
+        state = GoogleState()
         thinking = gen.get("thinkingConfig")
         if thinking is not None:
             thinking = _fields(require_dict(thinking, "generationConfig.thinkingConfig"))
-            extras["thinking_config"] = thinking
-            extras["include_thoughts"] = thinking.get("includeThoughts") is True
+            state.include_thoughts = thinking.get("includeThoughts") is True
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -136,7 +147,8 @@ class GoogleProvider(Provider):
             params=_sampling(gen),
             stream=method == "streamGenerateContent",
             dropped_tools=dropped,
-            extras=extras,
+            requested_model=model,
+            adapter_state=state,
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -493,7 +505,7 @@ def _part_groups(completion: Completion, request: NormalizedRequest) -> list[lis
     Gemini clients drop thought parts from history but keep signatures.
     """
     thought: list[dict[str, Any]] = []
-    if completion.reasoning and request.extras.get("include_thoughts"):
+    if completion.reasoning and _state(request).include_thoughts:
         thought = [{"text": completion.reasoning, "thought": True}]
     text: list[dict[str, Any]] = [{"text": completion.content}] if completion.content else []
     calls: list[dict[str, Any]] = [
@@ -519,6 +531,6 @@ def _chunk(
             "candidatesTokenCount": completion.completion_tokens,
             "totalTokenCount": completion.prompt_tokens + completion.completion_tokens,
         }
-    reply["modelVersion"] = request.extras.get("model") or completion.model
+    reply["modelVersion"] = request.requested_model or completion.model
     reply["responseId"] = completion.id
     return reply

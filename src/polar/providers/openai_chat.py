@@ -8,6 +8,7 @@ non-function tools are dropped and recorded.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from polar.errors import GatewayError, InvalidRequest
@@ -29,6 +30,13 @@ from polar.providers.openai_errors import openai_error_body
 from polar.providers.types import Completion, Message, NormalizedRequest, SamplingParams, Tool
 
 _DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class ChatState:
+    """What this adapter remembers between parsing a request and rendering its reply."""
+
+    include_usage: bool = False  # stream_options.include_usage: a final usage chunk
 
 
 class OpenAIChatProvider(Provider):
@@ -102,7 +110,8 @@ class OpenAIChatProvider(Provider):
             ),
             stream=bool(body.get("stream")),
             dropped_tools=dropped,
-            extras={"include_usage": include_usage, "requested_model": model},
+            requested_model=model,
+            adapter_state=ChatState(include_usage=include_usage),
         )
 
     # -- response ------------------------------------------------------------------------
@@ -169,7 +178,7 @@ class OpenAIChatProvider(Provider):
                 )
             )
         frames.append(chunk({}, completion.finish_reason))
-        if request.extras.get("include_usage"):
+        if _state(request).include_usage:
             frames.append(sse(base | {"choices": [], "usage": _usage(completion)}))
         frames.append(_DONE)
         return frames
@@ -179,7 +188,12 @@ class OpenAIChatProvider(Provider):
 
 
 def _model(completion: Completion, request: NormalizedRequest) -> str:
-    return request.extras.get("requested_model") or request.model or completion.model
+    return request.requested_model or request.model or completion.model
+
+
+def _state(request: NormalizedRequest) -> ChatState:
+    state = request.adapter_state
+    return state if isinstance(state, ChatState) else ChatState()
 
 
 def _usage(completion: Completion) -> dict[str, int]:

@@ -40,6 +40,7 @@ from polar.providers.base import (
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
 from polar.providers.types import (
+    CaptureTags,
     Completion,
     Message,
     NormalizedRequest,
@@ -87,6 +88,20 @@ _PREVIOUS_RESPONSE_NOTE = (
 )
 
 
+@dataclass
+class ResponsesState:
+    """What this adapter remembers between parsing a request and rendering its reply."""
+
+    custom_tools: list[str] = field(default_factory=list)  # calls to these are custom_tool_call
+    local_shell: bool = False  # a local_shell tool was declared: its calls are local_shell_call
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields the Response repeats
+
+
+def _state(request: NormalizedRequest) -> ResponsesState:
+    state = request.adapter_state
+    return state if isinstance(state, ResponsesState) else ResponsesState()
+
+
 class OpenAIResponsesProvider(Provider):
     """Adapter for ``POST /v1/responses`` and ``POST /v1/responses/input_tokens``."""
 
@@ -131,17 +146,12 @@ class OpenAIResponsesProvider(Provider):
         tool_choice = _convert_tool_choice(body.get("tool_choice"))
         previous = _optional_str(body, "previous_response_id")
         _check_accepted(body)
-        extras: dict[str, Any] = {
-            "model": model,
-            "custom_tools": tools.custom,
-            "local_shell": tools.local_shell,
-            "echo": _echo_fields(body),
-        }
-        if previous:
-            extras["previous_response_id"] = previous
-            extras["notes"] = [_PREVIOUS_RESPONSE_NOTE]
-        if history.ignored:
-            extras["ignored_items"] = history.ignored
+        state = ResponsesState(
+            custom_tools=tools.custom, local_shell=tools.local_shell, echo=_echo_fields(body)
+        )
+        capture = CaptureTags(
+            notes=[_PREVIOUS_RESPONSE_NOTE] if previous else [], ignored_items=history.ignored
+        )
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -156,7 +166,9 @@ class OpenAIResponsesProvider(Provider):
             ),
             stream=_optional_bool(body, "stream") or False,
             dropped_tools=tools.dropped,
-            extras=extras,
+            requested_model=model,
+            capture=capture,
+            adapter_state=state,
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -568,7 +580,7 @@ def _output_items(completion: Completion, request: NormalizedRequest) -> list[di
         )
     for number, call in enumerate(completion.tool_calls):
         call_id = call.id or f"call_{base}_{number}"
-        items.append(_call_item(call, call_id, f"{base}_{len(items)}", request.extras))
+        items.append(_call_item(call, call_id, f"{base}_{len(items)}", _state(request)))
     return items
 
 
@@ -576,11 +588,9 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _call_item(
-    call: ToolCall, call_id: str, suffix: str, extras: Mapping[str, Any]
-) -> dict[str, Any]:
+def _call_item(call: ToolCall, call_id: str, suffix: str, state: ResponsesState) -> dict[str, Any]:
     """A tool call in the item type the harness declared the tool with."""
-    if call.name in extras.get("custom_tools", ()):
+    if call.name in state.custom_tools:
         args = arguments_object(call.arguments)
         value = args.get("input")
         # A model that ignored the one-string schema still gets its text to the harness.
@@ -592,7 +602,7 @@ def _call_item(
             "name": call.name,
             "input": text,
         }
-    if call.name == LOCAL_SHELL and extras.get("local_shell"):
+    if call.name == LOCAL_SHELL and state.local_shell:
         action = _shell_action(arguments_object(call.arguments))
         if action is not None:
             return {
@@ -633,7 +643,7 @@ def _response_object(
     *,
     in_progress: bool = False,
 ) -> dict[str, Any]:
-    echo = request.extras.get("echo", {})
+    echo = _state(request).echo
     status, incomplete = "completed", None
     if in_progress:
         status = "in_progress"
@@ -651,7 +661,7 @@ def _response_object(
         "incomplete_details": incomplete,
         "instructions": echo.get("instructions"),
         "max_output_tokens": request.params.max_tokens,
-        "model": request.extras.get("model") or request.model or completion.model,
+        "model": request.requested_model or request.model or completion.model,
         "output": output,
         "parallel_tool_calls": echo.get("parallel_tool_calls", True),
         "previous_response_id": echo.get("previous_response_id"),

@@ -47,6 +47,29 @@ class SamplingParams:
 
 
 @dataclass
+class CaptureTags:
+    """What the capture record says about a call beyond the call itself.
+
+    ``tags`` mark the call's kind (e.g. ``side_call:title``, set by the gateway); the rest is what
+    the adapter dropped or rewrote: free-form ``notes``, the system-prompt lines it ``stripped``,
+    and the input item types it ``ignored``.
+    """
+
+    tags: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stripped: list[str] = field(default_factory=list)
+    ignored_items: list[str] = field(default_factory=list)
+
+    def record_notes(self) -> list[str]:
+        """The adapter's changes in words, as the record stores them."""
+        return (
+            list(self.notes)
+            + [f"stripped: {line}" for line in self.stripped]
+            + [f"ignored item: {item}" for item in self.ignored_items]
+        )
+
+
+@dataclass
 class NormalizedRequest:
     """One model call in chat-completions form, plus what the adapter needs to answer it."""
 
@@ -58,8 +81,13 @@ class NormalizedRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     dropped_tools: list[str] = field(default_factory=list)
-    # Adapter-private facts needed to render the reply (e.g. include_usage, previous ids).
-    extras: dict[str, Any] = field(default_factory=dict)
+    # The model name the client asked for (``model`` may be replaced by the served one); replies
+    # echo it back.
+    requested_model: str | None = None
+    capture: CaptureTags = field(default_factory=CaptureTags)
+    # Facts only the adapter that wrote them reads back when rendering the reply (its own typed
+    # state object, e.g. whether usage was asked for); nothing else may read or write it.
+    adapter_state: object = None
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-completions body for an engine; tool_choice only travels with tools."""

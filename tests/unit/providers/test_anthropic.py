@@ -26,7 +26,7 @@ from polar.errors import (
 from polar.providers.anthropic import AnthropicProvider
 from polar.providers.base import COUNT_TOKENS, GENERATE, RequestContext
 from polar.providers.reasoning_codec import encode_reasoning
-from polar.providers.types import Completion, NormalizedRequest, ToolCall
+from polar.providers.types import CaptureTags, Completion, NormalizedRequest, ToolCall
 
 PROVIDER = AnthropicProvider()
 CTX = RequestContext(path="/v1/messages", headers={"anthropic-version": "2023-06-01"})
@@ -280,11 +280,8 @@ def test_parse_claude_code_request() -> None:
     assert request.dropped_tools == ["web_search_20250305"]
     assert request.tool_choice == "auto"
     assert request.params.as_dict() == {"max_tokens": 32000, "temperature": 1.0}
-    assert request.extras == {
-        "model": "claude-sonnet-4-5",
-        "thinking": "adaptive",
-        "stripped": [BILLING],
-    }
+    assert request.requested_model == "claude-sonnet-4-5"
+    assert request.capture == CaptureTags(stripped=[BILLING])
 
 
 def test_billing_header_does_not_break_the_prompt_prefix() -> None:
@@ -312,7 +309,7 @@ def test_billing_line_removed_from_inside_a_system_string() -> None:
         }
     )
     assert request.messages[0] == {"role": "system", "content": "You are helpful.\nBe brief."}
-    assert request.extras["stripped"] == [BILLING]
+    assert request.capture.stripped == [BILLING]
 
 
 def test_no_system_message_when_only_the_billing_line_was_there() -> None:
@@ -369,7 +366,7 @@ def test_user_media_and_documents() -> None:
             ]
         )
     ]
-    assert request.extras["notes"] == [
+    assert request.capture.notes == [
         "dropped image with file source at messages[0].content[3]",
         "dropped document with base64 source at messages[0].content[6]",
     ]
@@ -478,7 +475,7 @@ def test_assistant_thinking_variants() -> None:
         user("again"),
         {"role": "assistant", "content": "", "reasoning": "exact ✓"},
     ]
-    assert request.extras["notes"] == [
+    assert request.capture.notes == [
         "dropped redacted_thinking block at messages[1].content[0]",
         "dropped server_tool_use block at messages[1].content[2]",
     ]
@@ -571,7 +568,8 @@ def test_sampling_params_and_missing_max_tokens() -> None:
         "stop": ["</done>", "\n\nHuman:"],
     }
     assert request.stream is False
-    assert request.extras == {"model": "m", "thinking": "enabled"}
+    assert request.requested_model == "m"
+    assert request.capture == CaptureTags()
 
 
 MALFORMED: list[Any] = [

@@ -30,7 +30,7 @@ from polar.errors import (
     RateLimited,
 )
 from polar.providers.base import COUNT_TOKENS, GENERATE, RequestContext
-from polar.providers.google import GoogleProvider
+from polar.providers.google import GoogleProvider, GoogleState
 from polar.providers.reasoning_codec import encode_reasoning
 from polar.providers.types import Completion, NormalizedRequest, SamplingParams, ToolCall
 
@@ -163,11 +163,8 @@ def test_gemini_cli_request_normalizes_exactly() -> None:
     assert req.tool_choice is None
     assert req.params == SamplingParams(temperature=1.0, top_p=0.95, top_k=64)
     assert req.dropped_tools == []
-    assert req.extras == {
-        "model": "gemini-2.5-pro",
-        "include_thoughts": True,
-        "thinking_config": {"includeThoughts": True, "thinkingBudget": 8192},
-    }
+    assert req.requested_model == "gemini-2.5-pro"
+    assert req.adapter_state == GoogleState(include_thoughts=True)
 
 
 def test_openapi_parameters_become_json_schema() -> None:
@@ -401,7 +398,8 @@ def test_generation_config_in_snake_case() -> None:
     assert req.params == SamplingParams(
         max_tokens=256, temperature=0.2, top_p=0.9, top_k=20, stop=["END"], seed=7
     )
-    assert req.extras == {"model": "gemini-2.5-pro", "include_thoughts": False}
+    assert req.requested_model == "gemini-2.5-pro"
+    assert req.adapter_state == GoogleState(include_thoughts=False)
     assert req.stream is False
 
 
@@ -595,7 +593,7 @@ def test_sdk_reads_non_streaming_reply_with_tool_call_reasoning_and_usage() -> N
     )
 
     assert gateway.paths == ["/s/session-key/v1beta/models/gemini-2.5-pro:generateContent"]
-    assert gateway.requests[0].extras["include_thoughts"] is True
+    assert gateway.requests[0].adapter_state == GoogleState(include_thoughts=True)
     (candidate,) = reply.candidates or []
     assert candidate.finish_reason == types.FinishReason.STOP
     parts = candidate.content.parts if candidate.content and candidate.content.parts else []

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from polar.errors import AuthenticationFailed, EngineUnavailable, GatewayError, InvalidRequest
 from polar.providers.base import RequestContext
-from polar.providers.openai_chat import OpenAIChatProvider
+from polar.providers.openai_chat import ChatState, OpenAIChatProvider
 from polar.providers.types import Completion, ToolCall
 
 P = OpenAIChatProvider()
@@ -81,7 +81,7 @@ def test_qwen_style_history_normalizes():
     ]
     assert req.dropped_tools == ["web_search"]
     assert (req.params.max_tokens, req.params.stop, req.params.top_k) == (8000, ["END"], 20)
-    assert req.stream and req.extras["include_usage"]
+    assert req.stream and req.adapter_state == ChatState(include_usage=True)
     assert req.chat_body()["tool_choice"] == "auto"
 
 

@@ -242,9 +242,9 @@ def test_codex_request_normalizes_exactly() -> None:
     assert shell_params["required"] == ["command"]
     assert set(shell_params["properties"]) == {"command", "workdir", "timeout_ms"}
     assert request.params.as_dict() == {}
-    assert request.extras["custom_tools"] == ["apply_patch"]
-    assert request.extras["local_shell"] is True
-    assert "previous_response_id" not in request.extras
+    assert request.adapter_state.custom_tools == ["apply_patch"]
+    assert request.adapter_state.local_shell is True
+    assert request.capture.notes == []
 
 
 def test_reasoning_attaches_to_the_turn_that_follows_it() -> None:
@@ -448,13 +448,13 @@ def test_local_shell_output_by_item_id_and_ignored_items() -> None:
         },
         {"role": "tool", "tool_call_id": "ls_1", "content": "/work"},
     ]
-    assert request.extras["ignored_items"] == ["web_search_call", "compaction"]
+    assert request.capture.ignored_items == ["web_search_call", "compaction"]
 
 
 def test_previous_response_id_is_recorded_not_fatal() -> None:
     request = parse({"input": "more", "previous_response_id": "resp_123"})
-    assert request.extras["previous_response_id"] == "resp_123"
-    assert "stateless" in request.extras["notes"][0]
+    assert request.adapter_state.echo["previous_response_id"] == "resp_123"
+    assert "stateless" in request.capture.notes[0]
     assert request.messages == [{"role": "user", "content": "more"}]
 
 

@@ -180,7 +180,9 @@ def test_any_completion_streams_back_to_the_same_content(completion: Completion)
             assert item["action"]["command"] == json.loads(call.arguments)["command"]
 
     # Replaying the items gives back the turn as sampled (local_shell keeps only its own keys).
-    replay = PROVIDER.parse_request({"input": done, "tools": request.extras["echo"]["tools"]}, CTX)
+    replay = PROVIDER.parse_request(
+        {"input": done, "tools": request.adapter_state.echo["tools"]}, CTX
+    )
     assistants = [m for m in replay.messages if m["role"] == "assistant"]
     assert len(assistants) == 1
     assert assistants[0]["content"] == completion.content
