@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import httpx
+from pydantic import ValidationError
 
+from polar.delivery import Outcome, RetryPolicy, deliver
 from polar.gateway.config import NodeConfig
 from polar.schemas.node import (
     IDEMPOTENCY_HEADER,
@@ -25,6 +28,8 @@ from polar.schemas.task import SessionResult, SessionStatus
 log = logging.getLogger("polar.gateway.node")
 
 _INITIAL_BACKOFF_S = 0.2
+_MIN_INTERVAL_S = 0.05  # whatever a server answers, never heartbeat in a busy loop
+_REGISTER = "/nodes/register"
 
 
 class NodeClient:
@@ -50,6 +55,7 @@ class NodeClient:
         self._undelivered: dict[str, SessionResult] = {}
         self._deliveries: dict[str, asyncio.Task[None]] = {}
         self._loop: asyncio.Task[None] | None = None
+        self._interval = config.heartbeat_s
 
     def start(self) -> None:
         self._loop = asyncio.create_task(self._heartbeat_loop(), name="node-heartbeat")
@@ -91,62 +97,82 @@ class NodeClient:
             "content-type": "application/json",
             IDEMPOTENCY_HEADER: result.session_id,
         }
-        attempt = 0
-        while True:
-            try:
-                reply = await self.client.post(
-                    f"{self.url}/results", content=body, headers=headers, timeout=30
-                )
-                if reply.is_success or reply.status_code in (404, 422):
-                    if not reply.is_success:
-                        log.error(
-                            "rollout server refused the result of %s: HTTP %d %s",
-                            result.session_id,
-                            reply.status_code,
-                            reply.text[:500],
-                        )
-                    self._undelivered.pop(result.session_id, None)
-                    return
-                log.info("result of %s: HTTP %d; retrying", result.session_id, reply.status_code)
-            except httpx.HTTPError as exc:
-                log.info("result of %s not delivered (%r); retrying", result.session_id, exc)
-            await asyncio.sleep(self._backoff(attempt))
-            attempt += 1
+        # No deadline: the server waits for this result for as long as the node lives.
+        policy = RetryPolicy(
+            initial_s=_INITIAL_BACKOFF_S,
+            max_s=self.config.report_backoff_max_s,
+            deadline_s=None,
+            timeout_s=30,
+        )
+        attempt = partial(self._post_result, result.session_id, body, headers, policy.timeout_s)
+        await deliver(attempt, policy, what=f"result of {result.session_id}")
+        self._undelivered.pop(result.session_id, None)
 
-    def _backoff(self, attempt: int) -> float:
-        return float(min(self.config.report_backoff_max_s, _INITIAL_BACKOFF_S * 2**attempt))
+    async def _post_result(
+        self, session_id: str, body: str, headers: dict[str, str], timeout_s: float
+    ) -> Outcome:
+        try:
+            reply = await self.client.post(
+                f"{self.url}/results", content=body, headers=headers, timeout=timeout_s
+            )
+        except httpx.HTTPError as exc:
+            log.info("result of %s not delivered (%r); retrying", session_id, exc)
+            return Outcome.RETRY
+        if reply.is_success:
+            return Outcome.DELIVERED
+        if reply.status_code in (404, 422):  # an unknown session, an invalid result: for good
+            log.error(
+                "rollout server refused the result of %s: HTTP %d %s",
+                session_id,
+                reply.status_code,
+                reply.text[:500],
+            )
+            return Outcome.REJECTED
+        log.info("result of %s: HTTP %d; retrying", session_id, reply.status_code)
+        return Outcome.RETRY
 
     # -- registration and heartbeats -------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        interval = self.config.heartbeat_s
-        attempt = 0
-        registered = False
+        """Register, then heartbeat every interval until the server has forgotten the node
+        (it restarted, or declared the node dead); then register again."""
+        heartbeat = f"/nodes/{self.config.node_id}/heartbeat"
         while True:
-            try:
-                path = (
-                    f"/nodes/{self.config.node_id}/heartbeat" if registered else "/nodes/register"
-                )
-                reply = await self.client.post(
-                    self.url + path,
-                    content=self.report().model_dump_json(),
-                    headers={**self.headers, "content-type": "application/json"},
-                    timeout=10,
-                )
-                if reply.status_code == 404 and registered:
-                    registered = False
-                    self.registered.clear()
-                    continue
-                reply.raise_for_status()
-                answer = Registered.model_validate_json(reply.content)
-                interval = min(self.config.heartbeat_s, answer.heartbeat_s)
-                if not registered:
-                    registered = True
-                    self.registered.set()
-                    log.info("registered with %s as %s", self.url, self.config.node_id)
-                attempt = 0
-                await asyncio.sleep(interval)
-            except httpx.HTTPError as exc:
-                log.warning("rollout server %s: %r; retrying", self.url, exc)
-                await asyncio.sleep(min(interval, self._backoff(attempt)))
-                attempt += 1
+            await self._announce(_REGISTER)
+            self.registered.set()
+            log.info("registered with %s as %s", self.url, self.config.node_id)
+            while True:
+                await asyncio.sleep(self._interval)
+                if await self._announce(heartbeat) is Outcome.REFUSED:
+                    break
+            self.registered.clear()
+
+    async def _announce(self, path: str) -> Outcome:
+        """POST the node's report to ``path`` until the server answers: DELIVERED, or REFUSED
+        when a heartbeat finds the node forgotten. Retries never wait longer than an interval."""
+        policy = RetryPolicy(
+            initial_s=_INITIAL_BACKOFF_S,
+            max_s=min(self._interval, self.config.report_backoff_max_s),
+            deadline_s=None,
+            timeout_s=10,
+        )
+        attempt = partial(self._post_report, path, policy.timeout_s)
+        return await deliver(attempt, policy, what=f"rollout server {self.url}")
+
+    async def _post_report(self, path: str, timeout_s: float) -> Outcome:
+        try:
+            reply = await self.client.post(
+                self.url + path,
+                content=self.report().model_dump_json(),
+                headers={**self.headers, "content-type": "application/json"},
+                timeout=timeout_s,
+            )
+            if reply.status_code == 404 and path != _REGISTER:
+                return Outcome.REFUSED
+            reply.raise_for_status()
+            answer = Registered.model_validate_json(reply.content)
+        except (httpx.HTTPError, ValidationError) as exc:
+            log.warning("rollout server %s: %r; retrying", self.url, exc)
+            return Outcome.RETRY
+        self._interval = min(self.config.heartbeat_s, max(answer.heartbeat_s, _MIN_INTERVAL_S))
+        return Outcome.DELIVERED
