@@ -25,6 +25,8 @@ import os
 import shutil
 from pathlib import Path
 
+from pydantic import Field
+
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.base import Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
@@ -32,23 +34,31 @@ from polar.runtimes.gateway_relay import (
     FORWARDER_SOURCE,
     RUN_INSIDE,
 )
-from polar.runtimes.sandboxed import SandboxedRuntime
+from polar.runtimes.sandboxed import ImageOptions, SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 ENV_PREFIX = "APPTAINERENV_"
 
 
+class ApptainerOptions(ImageOptions):
+    apptainer: str = "apptainer"  # the CLI binary
+    exec_args: list[str] = Field(
+        default_factory=list, description="Extra apptainer exec arguments."
+    )
+
+
 class ApptainerRuntime(SandboxedRuntime):
     name = "apptainer"
+    options_model = ApptainerOptions
+    options: ApptainerOptions
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
         super().__init__(spec, session_dir, gateway_url)
         if not self.spec.image:
             raise ConfigError("the apptainer runtime needs runtime.image (.sif, dir, docker://)")
-        options = self.spec.options
-        self.apptainer = str(options.get("apptainer", "apptainer"))
-        self.exec_args = [str(arg) for arg in options.get("exec_args", [])]
-        self.forwarder_python = self.forwarder_python_option()
+        self.apptainer = self.options.apptainer
+        self.exec_args = self.options.exec_args
+        self.forwarder_python = self.options.forwarder_python
 
     def exec_argv(self, argv: list[str], cwd: str) -> list[str]:
         """The ``apptainer exec`` command line running ``argv`` in ``cwd``."""

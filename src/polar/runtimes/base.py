@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.schemas.task import RuntimeSpec
 
@@ -173,20 +176,43 @@ def tail_text(text: str, limit: int = _STDERR_TAIL) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+class RuntimeOptions(BaseModel):
+    """``runtime.options`` every runtime takes; each runtime extends it with its own keys.
+
+    Unknown keys are errors, so a misspelt option fails the build instead of being ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_limit_bytes: int = Field(
+        DEFAULT_OUTPUT_LIMIT, gt=0, description="Output kept per exec stream (head and tail)."
+    )
+    prepare_timeout_s: float = Field(
+        DEFAULT_PREPARE_TIMEOUT_S, gt=0, description="Time limit for each prepare command."
+    )
+
+
 class Runtime(ABC):
-    """One session's sandbox: start it, run commands in it, move files, stop it."""
+    """One session's sandbox: start it, run commands in it, move files, stop it.
+
+    ``spec.options`` is validated as :attr:`options_model` when the runtime is built (a
+    ``module:Class`` runtime with options of its own declares its model there).
+    """
 
     name: ClassVar[str]
     home_inside: ClassVar[str] = "/home/polar"
+    options_model: ClassVar[type[RuntimeOptions]] = RuntimeOptions
+    options: RuntimeOptions
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
         self.spec = spec
         self.session_dir = Path(session_dir).absolute()
         self.gateway_url = gateway_url
-        self.output_limit = int(spec.options.get("output_limit_bytes", DEFAULT_OUTPUT_LIMIT))
-        self.prepare_timeout_s = float(
-            spec.options.get("prepare_timeout_s", DEFAULT_PREPARE_TIMEOUT_S)
+        self.options = parse_config(
+            self.options_model, spec.options, what=f"runtime.options for the {self.name} runtime"
         )
+        self.output_limit = self.options.output_limit_bytes
+        self.prepare_timeout_s = self.options.prepare_timeout_s
         for rel in spec.files:
             _check_relative(rel)
         if spec.network not in ("gateway", "host"):

@@ -27,6 +27,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from pydantic import Field
+
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.base import Launch, tail_text
 from polar.runtimes.gateway_relay import (
@@ -35,7 +37,7 @@ from polar.runtimes.gateway_relay import (
     RUN_INSIDE,
 )
 from polar.runtimes.limits import limit_prefix, limit_tools
-from polar.runtimes.sandboxed import SandboxedRuntime
+from polar.runtimes.sandboxed import SandboxedOptions, SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -58,8 +60,20 @@ def _covered(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
+class BubblewrapOptions(SandboxedOptions):
+    bwrap: str = "bwrap"  # the binary
+    host_python: bool = Field(
+        True, description="Bind the active virtualenv too, its bin first on PATH."
+    )
+    ro_binds: list[str] = Field(
+        default_factory=list, description="Host paths (or src:dest) bound read-only."
+    )
+
+
 class BubblewrapRuntime(SandboxedRuntime):
     name = "bubblewrap"
+    options_model = BubblewrapOptions
+    options: BubblewrapOptions
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
         super().__init__(spec, session_dir, gateway_url)
@@ -68,10 +82,9 @@ class BubblewrapRuntime(SandboxedRuntime):
                 "the bubblewrap runtime runs on the host's read-only system; runtime.image "
                 "is not supported (use docker or apptainer for images)"
             )
-        options = self.spec.options
-        self.bwrap = str(options.get("bwrap", "bwrap"))
-        self.host_python = bool(options.get("host_python", True))
-        self.ro_binds = [str(item) for item in options.get("ro_binds", [])]
+        self.bwrap = self.options.bwrap
+        self.host_python = self.options.host_python
+        self.ro_binds = self.options.ro_binds
 
     @property
     def python_inside(self) -> list[str]:

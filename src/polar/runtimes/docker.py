@@ -28,6 +28,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from pydantic import Field
+
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.base import Capabilities, Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
@@ -35,7 +37,7 @@ from polar.runtimes.gateway_relay import (
     FORWARDER_SOURCE,
     RUN_INSIDE,
 )
-from polar.runtimes.sandboxed import SandboxedRuntime
+from polar.runtimes.sandboxed import ImageOptions, SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 EXEC_ID_VAR = "POLAR_EXEC_ID"
@@ -47,17 +49,23 @@ _KILL_TAGGED = (
 )
 
 
+class DockerOptions(ImageOptions):
+    docker: str = "docker"  # the CLI binary
+    run_args: list[str] = Field(default_factory=list, description="Extra docker run arguments.")
+
+
 class DockerRuntime(SandboxedRuntime):
     name = "docker"
+    options_model = DockerOptions
+    options: DockerOptions
 
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
         super().__init__(spec, session_dir, gateway_url)
         if not self.spec.image:
             raise ConfigError("the docker runtime needs runtime.image")
-        options = self.spec.options
-        self.docker = str(options.get("docker", "docker"))
-        self.run_args = [str(arg) for arg in options.get("run_args", [])]
-        self.forwarder_python = self.forwarder_python_option()
+        self.docker = self.options.docker
+        self.run_args = self.options.run_args
+        self.forwarder_python = self.options.forwarder_python
         slug = re.sub(r"[^a-zA-Z0-9_.-]", "-", self.session_dir.name)[:40]
         self.container = f"polar-{slug}-{secrets.token_hex(4)}"
         self._created = False

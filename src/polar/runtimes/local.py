@@ -16,14 +16,20 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from polar.errors import RuntimeStartError
-from polar.runtimes.base import Capabilities, Launch, Runtime
+from polar.runtimes.base import Capabilities, Launch, Runtime, RuntimeOptions
 from polar.runtimes.limits import limit_prefix, limit_tools
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
+class LocalOptions(RuntimeOptions):
+    inherit_env: bool = False  # pass the caller's whole environment to execs
+
+
 class LocalRuntime(Runtime):
     name = "local"
+    options_model = LocalOptions
+    options: LocalOptions
 
     @property
     def workdir(self) -> str:
@@ -52,7 +58,7 @@ class LocalRuntime(Runtime):
                 raise RuntimeStartError(f"resource limits need {tool!r}, which is not installed")
 
     def _base_env(self) -> dict[str, str]:
-        inherited = dict(os.environ) if self.spec.options.get("inherit_env") else {}
+        inherited = dict(os.environ) if self.options.inherit_env else {}
         return {
             **inherited,
             "PATH": os.environ.get("PATH", _DEFAULT_PATH),

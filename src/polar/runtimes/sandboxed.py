@@ -4,20 +4,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.runtimes.base import Capabilities, Runtime
+from pydantic import Field
+
+from polar.runtimes.base import Capabilities, Runtime, RuntimeOptions
 from polar.runtimes.gateway_relay import DEFAULT_PORT_INSIDE, GatewayRelay
 from polar.schemas.task import RuntimeSpec
+
+
+class SandboxedOptions(RuntimeOptions):
+    gateway_port: int = Field(
+        DEFAULT_PORT_INSIDE, gt=0, lt=65536, description="The gateway's loopback port inside."
+    )
+
+
+class ImageOptions(SandboxedOptions):
+    """Options of the runtimes that run an image, where the gateway forwarder needs a Python."""
+
+    forwarder_python: list[str] = Field(
+        default_factory=lambda: ["python3", "-I", "-S"],
+        description="The interpreter (inside the image) that runs the gateway forwarder.",
+    )
 
 
 class SandboxedRuntime(Runtime):
     """A runtime with its own filesystem and processes; with ``network="gateway"`` its only
     way out is a relay to the gateway (``options.gateway_port`` is the port inside)."""
 
+    options_model = SandboxedOptions
+    options: SandboxedOptions
+
     def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
         super().__init__(spec, session_dir, gateway_url)
-        port = int(self.spec.options.get("gateway_port", DEFAULT_PORT_INSIDE))
         self.relay = (
-            GatewayRelay(gateway_url, self.run_path, port_inside=port)
+            GatewayRelay(gateway_url, self.run_path, port_inside=self.options.gateway_port)
             if self.spec.network == "gateway"
             else None
         )
@@ -34,8 +53,3 @@ class SandboxedRuntime(Runtime):
     @property
     def gateway_url_inside(self) -> str:
         return self.relay.url_inside if self.relay else self.gateway_url
-
-    def forwarder_python_option(self) -> list[str]:
-        """The interpreter (inside an image) that runs the gateway forwarder."""
-        default = ["python3", "-I", "-S"]
-        return [str(arg) for arg in self.spec.options.get("forwarder_python", default)]

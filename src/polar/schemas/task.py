@@ -30,7 +30,11 @@ class RuntimeSpec(BaseModel):
     cpus: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0)
     network: str = Field("gateway", description="gateway (loopback only) or host.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Runtime-specific options.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Runtime-specific options, checked when the runtime is built: an unknown "
+        "key is an error naming the runtime and the keys it takes.",
+    )
 
 
 class AgentSpec(BaseModel):

@@ -48,6 +48,44 @@ async def test_a_module_class_runtime_gets_the_shared_machinery(tmp_path: Path):
         await rt.stop()
 
 
+@pytest.mark.parametrize(
+    ("kind", "image", "typo", "allowed"),
+    [
+        ("local", None, "inherit_environment", "inherit_env"),
+        ("bubblewrap", None, "ro_bind", "ro_binds"),
+        ("docker", "img", "runargs", "run_args"),
+        ("apptainer", "img.sif", "forwarder_pyhton", "forwarder_python"),
+    ],
+)
+def test_a_misspelt_option_is_an_error_naming_the_runtime_and_the_key(
+    tmp_path: Path, kind: str, image: str | None, typo: str, allowed: str
+):
+    spec = RuntimeSpec(kind=kind, image=image, options={typo: True})
+    with pytest.raises(ConfigError) as caught:
+        create_runtime(spec, tmp_path, "http://127.0.0.1:1")
+    message = str(caught.value)
+    assert f"the {kind} runtime" in message
+    assert f"{typo}: unknown key" in message and allowed in message
+
+
+def test_options_are_typed_and_checked(tmp_path: Path):
+    spec = RuntimeSpec(kind="bubblewrap", options={"ro_binds": ["/opt/node"], "gateway_port": 9})
+    rt = create_runtime(spec, tmp_path, "http://127.0.0.1:1")
+    assert isinstance(rt, BubblewrapRuntime)
+    assert rt.options.ro_binds == ["/opt/node"] and rt.options.gateway_port == 9
+    with pytest.raises(ConfigError, match="output_limit_bytes"):
+        create_runtime(
+            RuntimeSpec(kind="local", options={"output_limit_bytes": "lots"}),
+            tmp_path,
+            "http://g:1",
+        )
+    kind = f"{__name__}:EchoRuntime"
+    with pytest.raises(ConfigError, match="the echo runtime"):
+        create_runtime(
+            RuntimeSpec(kind=kind, options={"inherit_env": True}), tmp_path, "http://g:1"
+        )
+
+
 def test_pinned_cores_round_up_and_spread():
     cores = list(range(8))
     assert len(pinned_cores(0.5, cores, "a")) == 1
