@@ -24,9 +24,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from polar.gateway.config import NodeConfig
@@ -62,22 +63,30 @@ class SessionWork(Protocol):
 
 WorkFactory = Callable[["NodeSession"], SessionWork]
 
-# Where a session can wait or work; the names are the fields of StageCounts.
-QUEUED = "queued"
-INITIALIZING = "initializing"
-READY = "ready"
-RUNNING = "running"
-POSTRUN_QUEUED = "postrun_queued"
-POSTRUN = "postrun"
 
-# The SessionResult.timing key each place's seconds are booked to.
-_TIMING_KEY = {
-    QUEUED: "queued",
-    INITIALIZING: "init",
-    READY: "ready_wait",
-    RUNNING: "run",
-    POSTRUN_QUEUED: "postrun_wait",
-    POSTRUN: "postrun",
+class Place(StrEnum):
+    """Where a session can wait or work (the values name the fields of StageCounts)."""
+
+    QUEUED = "queued"
+    INITIALIZING = "initializing"
+    READY = "ready"
+    RUNNING = "running"
+    POSTRUN_QUEUED = "postrun_queued"
+    POSTRUN = "postrun"
+
+    @property
+    def timing_key(self) -> str:
+        """The SessionResult.timing key this place's seconds are booked to."""
+        return _TIMING_KEYS[self]
+
+
+_TIMING_KEYS = {
+    Place.QUEUED: "queued",
+    Place.INITIALIZING: "init",
+    Place.READY: "ready_wait",
+    Place.RUNNING: "run",
+    Place.POSTRUN_QUEUED: "postrun_wait",
+    Place.POSTRUN: "postrun",
 }
 
 
@@ -98,7 +107,7 @@ class NodeSession:
     dispatch: SessionDispatch
     node_id: str
     status: SessionStatus = SessionStatus.REGISTERED
-    place: str = QUEUED
+    place: Place = Place.QUEUED
     accepted_at: float = field(default_factory=time.monotonic)
     stage_started_at: float = field(default_factory=time.time)
     deadline: float | None = None
@@ -128,7 +137,12 @@ class NodeSession:
         """Finished, or being finished outside the pools (cancelled while queued)."""
         return self.closing or self.finished
 
-    def move(self, place: str, status: SessionStatus) -> None:
+    @property
+    def seconds_in_place(self) -> float:
+        """How long the session has been where it is, not yet booked to its timing."""
+        return time.monotonic() - self._since
+
+    def move(self, place: Place, status: SessionStatus) -> None:
         """Go to ``place``; the seconds spent in the previous place are booked to its timing."""
         self._book()
         self.place = place
@@ -139,9 +153,14 @@ class NodeSession:
         self.status = status
         self.stage_started_at = time.time()
 
+    def close_timing(self) -> None:
+        """Book the current place's seconds and the session's total, as it finishes."""
+        self._book()
+        self.timing["total"] = round(time.monotonic() - self.accepted_at, 6)
+
     def _book(self) -> None:
         now = time.monotonic()
-        key = _TIMING_KEY[self.place]
+        key = self.place.timing_key
         self.timing[key] = round(self.timing.get(key, 0.0) + now - self._since, 6)
         self._since = now
 
@@ -276,7 +295,7 @@ class Lifecycle:
         session.outcome.error = CANCELLED
         if session.stage_task is not None and not session.stage_task.done():
             session.stage_task.cancel()
-        elif session.place in (QUEUED, READY, POSTRUN_QUEUED):
+        elif session.place in (Place.QUEUED, Place.READY, Place.POSTRUN_QUEUED):
             # Waiting in a queue: finish now; the worker that dequeues it skips it.
             session.closing = True
             self._spawn(self._finish_cancelled(session))
@@ -286,10 +305,15 @@ class Lifecycle:
         self.draining = True
 
     def counts(self) -> StageCounts:
-        counts = StageCounts()
-        for session in self._active.values():
-            setattr(counts, session.place, getattr(counts, session.place) + 1)
-        return counts
+        places = Counter(session.place for session in self._active.values())
+        return StageCounts(
+            queued=places[Place.QUEUED],
+            initializing=places[Place.INITIALIZING],
+            ready=places[Place.READY],
+            running=places[Place.RUNNING],
+            postrun_queued=places[Place.POSTRUN_QUEUED],
+            postrun=places[Place.POSTRUN],
+        )
 
     def status(self, *, paused: bool = False, policy_version: int = 0) -> NodeStatus:
         c = self.config
@@ -323,7 +347,7 @@ class Lifecycle:
             await self._ready_slots.acquire()
             session = await self._init_q.get()
             if not session.skip and await self._init(session):
-                session.move(READY, SessionStatus.READY)
+                session.move(Place.READY, SessionStatus.READY)
                 self._ready_q.put_nowait(session)
             else:
                 self._ready_slots.release()
@@ -347,7 +371,7 @@ class Lifecycle:
             session = await self._post_q.get()
             if session.skip:
                 continue
-            session.move(POSTRUN, SessionStatus.POST_RUN)
+            session.move(Place.POSTRUN, SessionStatus.POST_RUN)
             work = session.work
             assert work is not None
             result = await self._stage(session, work.postrun(session.outcome), budget_s=None)
@@ -366,7 +390,7 @@ class Lifecycle:
         """INIT, with the session's budget starting now (it pauses in READY); False sends it
         to post-run."""
         session.deadline = time.monotonic() + session.dispatch.task.timeout_seconds
-        session.move(INITIALIZING, SessionStatus.INITIALIZING)
+        session.move(Place.INITIALIZING, SessionStatus.INITIALIZING)
         work = session.work
         assert work is not None
         failure = await self._stage(session, work.init(), budget_s=session.remaining())
@@ -379,17 +403,17 @@ class Lifecycle:
     async def _run(self, session: NodeSession) -> None:
         work = session.work
         assert work is not None
-        if session.place == READY and session.deadline is not None:
+        if session.place == Place.READY and session.deadline is not None:
             # A prepared runtime waiting for a run slot is the node's queue, not the session's
             # work: the budget pauses there, so a deep READY buffer never times sessions out.
-            session.deadline += time.monotonic() - session._since
+            session.deadline += session.seconds_in_place
         budget = session.remaining()
         if budget <= 0:
             session.outcome.status = SessionStatus.TIMEOUT
             session.outcome.error = "the session budget ran out before a run slot was free"
             self._to_postrun(session)
             return
-        session.move(RUNNING, SessionStatus.RUNNING)
+        session.move(Place.RUNNING, SessionStatus.RUNNING)
         session.outcome.reached_run = True
         failure = await self._stage(session, work.run(budget), budget_s=budget)
         if failure is not None:
@@ -429,7 +453,7 @@ class Lifecycle:
             outcome.error = f"{stage} failed: {failure}"
 
     def _to_postrun(self, session: NodeSession) -> None:
-        session.move(POSTRUN_QUEUED, SessionStatus.POST_RUN)
+        session.move(Place.POSTRUN_QUEUED, SessionStatus.POST_RUN)
         self._post_q.put_nowait(session)
 
     # -- finishing -------------------------------------------------------------------------
@@ -453,8 +477,7 @@ class Lifecycle:
     async def _finish(self, session: NodeSession, result: SessionResult) -> None:
         if session.finished:
             return
-        session._book()
-        session.timing["total"] = round(time.monotonic() - session.accepted_at, 6)
+        session.close_timing()
         result = result.model_copy(update={"timing": {**session.timing, **result.timing}})
         session.result = result
         session.set_status(result.status)

@@ -255,6 +255,7 @@ async def test_cancel_at_any_stage(node_factory, stage: str) -> None:
             break
         await asyncio.sleep(0.005)
     assert session.place == want
+    assert node.life.counts().model_dump()[want] >= 1  # counted where it is
     node.life.cancel(session.session_id)
     result = await node.result("x")
     assert result.status == SessionStatus.ERROR and result.error == CANCELLED
