@@ -18,6 +18,7 @@ from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, Scri
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
+from polar.gateway.services import app_services
 
 # The scripted engine stands in for a larger-context model than SmolLM2's 8k: Claude Code's and
 # Gemini CLI's first prompts alone are ~20k tokens with this tokenizer.
@@ -67,7 +68,7 @@ class GatewayHarness:
     def reset(self) -> None:
         self.engine.backend.script = Script()
         self.engine.backend.log.clear()
-        self.app.state.config.max_body_bytes = 32 * 1024 * 1024
+        app_services(self.app).config.max_body_bytes = 32 * 1024 * 1024
 
 
 @pytest.fixture(scope="session")

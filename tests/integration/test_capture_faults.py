@@ -26,6 +26,7 @@ from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, Scri
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
+from polar.gateway.services import app_services
 
 pytestmark = pytest.mark.slow
 
@@ -310,5 +311,5 @@ async def test_calls_survive_a_restart_and_records_page_and_report_a_corrupt_row
         assert [i["seq"] for i in page] == [2, 3]
         bad = await client.get(f"/polar/sessions/{sid}/records/{items[4]['completion_id']}")
         assert bad.status_code == 500 and "corrupt record" in bad.json()["detail"]
-    app.state.store.close()
+    app_services(app).store.close()
     assert polar_main(["capture", "verify", str(db)]) == 1

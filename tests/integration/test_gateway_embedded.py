@@ -8,6 +8,7 @@ import pytest
 from polar.engines.registry import EngineConfig, create_engine
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig, SamplingPolicy
+from polar.gateway.services import app_services
 
 from .engine_replies import gap_flags
 
@@ -32,7 +33,7 @@ async def test_embedded_engine_through_gateway_is_token_faithful(tmp_path):
         }
         reply = await client.post(f"/s/{key}/v1/messages", json=body)
         assert reply.status_code == 200, reply.text
-    [record] = app.state.store.records(key)
+    [record] = app_services(app).store.records(key)
     assert record.engine == "embedded"
     assert gap_flags(record.flags) == []
     assert record.policy_version == engine.core.policy_version

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.capture.records import CaptureRecord
 from polar.capture.store import RecordFault
 from polar.errors import CaptureError, CorruptRecord
+from polar.gateway.services import services
 from polar.gateway.sessions import GatewaySession, base_urls
 from polar.schemas.ids import new_session_id
 
@@ -57,7 +58,7 @@ def require_admin(
     x_polar_admin_token: str | None = Header(None),
 ) -> None:
     """When an admin token is configured, admin routes need it (Bearer or x-polar-admin-token)."""
-    token = request.app.state.config.admin_token
+    token = services(request).config.admin_token
     if not token:
         return
     given = x_polar_admin_token or (authorization or "").removeprefix("Bearer ").strip()
@@ -72,7 +73,7 @@ def _info(request: Request, session: GatewaySession, calls: int) -> SessionInfo:
     return SessionInfo(
         session_id=session.session_id,
         api_key=session.session_id,
-        base_urls=base_urls(request.app.state.config.base_url(), session.session_id),
+        base_urls=base_urls(services(request).config.base_url(), session.session_id),
         created_at=session.created_at,
         calls=calls,
         metadata=session.metadata,
@@ -80,7 +81,7 @@ def _info(request: Request, session: GatewaySession, calls: int) -> SessionInfo:
 
 
 def _session(request: Request, session_id: str) -> GatewaySession:
-    session = request.app.state.sessions.get(session_id)
+    session = services(request).sessions.get(session_id)
     if session is None:
         raise HTTPException(status_code=404, detail=f"unknown session {session_id!r}")
     return session
@@ -88,12 +89,12 @@ def _session(request: Request, session_id: str) -> GatewaySession:
 
 @router.post("/sessions", status_code=201)
 async def create_session(request: Request, spec: CreateSession) -> SessionInfo:
-    sessions = request.app.state.sessions
+    sessions = services(request).sessions
     session_id = spec.session_id or new_session_id()
     if sessions.get(session_id) is not None:
         raise HTTPException(status_code=409, detail=f"session {session_id!r} exists")
     try:
-        await request.app.state.store.add_session(session_id, spec.metadata)
+        await services(request).store.add_session(session_id, spec.metadata)
     except CaptureError as exc:  # the store cannot write now (full, locked): say so
         raise HTTPException(status_code=exc.status, detail=exc.message) from exc
     session = sessions.add(GatewaySession(session_id=session_id, metadata=spec.metadata))
@@ -102,21 +103,21 @@ async def create_session(request: Request, spec: CreateSession) -> SessionInfo:
 
 @router.get("/sessions")
 async def list_sessions(request: Request) -> list[SessionInfo]:
-    calls = request.app.state.store.call_counts()
-    return [_info(request, s, calls.get(s.session_id, 0)) for s in request.app.state.sessions.all()]
+    calls = services(request).store.call_counts()
+    return [_info(request, s, calls.get(s.session_id, 0)) for s in services(request).sessions.all()]
 
 
 @router.get("/sessions/{session_id}")
 async def get_session(request: Request, session_id: str) -> SessionInfo:
     session = _session(request, session_id)
-    calls = request.app.state.store.call_counts(session_id).get(session_id, 0)
+    calls = services(request).store.call_counts(session_id).get(session_id, 0)
     return _info(request, session, calls)
 
 
 @router.get("/sessions/{session_id}/completions")
 async def list_completions(request: Request, session_id: str) -> list[dict[str, Any]]:
     _session(request, session_id)
-    return request.app.state.store.summaries(session_id)
+    return services(request).store.summaries(session_id)
 
 
 @router.get("/sessions/{session_id}/records", response_model=list[CaptureRecord])
@@ -129,7 +130,7 @@ def get_records(
     """The session's records in call order, streamed a page of rows at a time. A row that does
     not decode is reported in its place as ``{completion_id, session_id, seq, error}``."""
     _session(request, session_id)
-    items = request.app.state.store.iter_records(session_id, after_seq=after_seq, limit=limit)
+    items = services(request).store.iter_records(session_id, after_seq=after_seq, limit=limit)
     return StreamingResponse(_json_array(items), media_type="application/json")
 
 
@@ -148,7 +149,7 @@ def _json_array(items: Iterable[CaptureRecord | RecordFault]) -> Iterator[bytes]
 def get_record(request: Request, session_id: str, completion_id: str) -> CaptureRecord:
     _session(request, session_id)
     try:
-        record = request.app.state.store.record(completion_id, session_id=session_id)
+        record = services(request).store.record(completion_id, session_id=session_id)
     except CorruptRecord as exc:
         raise HTTPException(status_code=500, detail=f"corrupt {exc}") from exc
     if record is None:
@@ -159,31 +160,31 @@ def get_record(request: Request, session_id: str, completion_id: str) -> Capture
 @router.delete("/sessions/{session_id}", status_code=204)
 async def delete_session(request: Request, session_id: str) -> None:
     _session(request, session_id)
-    request.app.state.sessions.remove(session_id)
-    await request.app.state.store.delete_session(session_id)
+    services(request).sessions.remove(session_id)
+    await services(request).store.delete_session(session_id)
 
 
 @router.post("/pause")
 async def pause(request: Request, spec: PauseRequest) -> dict[str, Any]:
-    drained = await request.app.state.gate.pause(spec.timeout_s)
-    return {"paused": True, "drained": drained, "in_flight": request.app.state.gate.in_flight}
+    drained = await services(request).gate.pause(spec.timeout_s)
+    return {"paused": True, "drained": drained, "in_flight": services(request).gate.in_flight}
 
 
 @router.post("/resume")
 async def resume(request: Request) -> dict[str, Any]:
-    request.app.state.gate.resume()
+    services(request).gate.resume()
     return {"paused": False}
 
 
 @router.post("/policy")
 async def set_policy(request: Request, update: PolicyUpdate) -> dict[str, int]:
-    request.app.state.proxy.policy_version = update.policy_version
+    services(request).proxy.policy_version = update.policy_version
     return {"policy_version": update.policy_version}
 
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    state = request.app.state
+    state = services(request)
     return {
         "sessions": len(state.sessions),
         "paused": state.gate.paused,

@@ -20,6 +20,7 @@ from polar.gateway.config import GatewayConfig
 from polar.gateway.pause import GenerationGate
 from polar.gateway.proxy import Proxy, json_response
 from polar.gateway.rendering import require_render_extra
+from polar.gateway.services import GatewayServices
 from polar.gateway.sessions import GatewaySession, SessionTable
 
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -50,7 +51,7 @@ def create_app(
             await proxy.facts()
         except (EngineUnavailable, EngineTimeout) as exc:
             logging.getLogger("polar.gateway").warning("engine not reachable yet: %s", exc)
-        node = app.state.node
+        node = gateway.node
         if node is not None:
             await node.start()
         yield
@@ -60,19 +61,14 @@ def create_app(
         store.close()
 
     app = FastAPI(title="Polar gateway", version=__version__, lifespan=lifespan)
-    app.state.config = config
-    app.state.engine = engine
-    app.state.store = store
-    app.state.sessions = sessions
-    app.state.gate = gate
-    app.state.proxy = proxy
+    gateway = GatewayServices(config, engine, store, sessions, gate, proxy)
+    app.state.services = gateway
     app.include_router(admin.router)
-    app.state.node = None
     if config.node is not None:
         # Only a rollout node loads the runtime / harness / evaluator stack.
         from polar.gateway.node_api import attach_lifecycle
 
-        app.state.node = attach_lifecycle(app, config.node)
+        attach_lifecycle(app, gateway, config.node)
 
     @app.get("/health", tags=["admin"])
     async def health() -> dict[str, str]:

@@ -14,6 +14,7 @@ from polar.gateway.admin import require_admin
 from polar.gateway.config import NodeConfig
 from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFull
 from polar.gateway.node_client import NodeClient
+from polar.gateway.services import GatewayServices, services
 from polar.gateway.session_work import NodeContext, RolloutWork, register_session
 from polar.schemas.node import NodeSessionInfo, NodeStatus, SessionDispatch
 from polar.schemas.task import SessionResult, SessionStatus
@@ -28,23 +29,22 @@ class NodeSessionDetail(NodeSessionInfo):
 class GatewayNode:
     """The lifecycle, its rollout-server client, and the wiring between them and the gateway."""
 
-    def __init__(self, app: FastAPI, config: NodeConfig) -> None:
-        state = app.state
+    def __init__(self, gateway: GatewayServices, config: NodeConfig) -> None:
         self.config = config
-        self.state = state
+        self.gateway = gateway
         self.ctx = NodeContext(
-            gateway=state.config,
+            gateway=gateway.config,
             node=config,
-            store=state.store,
-            sessions=state.sessions,
-            policy_version=lambda: int(state.proxy.policy_version),
+            store=gateway.store,
+            sessions=gateway.sessions,
+            policy_version=lambda: int(gateway.proxy.policy_version),
         )
         self.lifecycle = Lifecycle(
             config,
             lambda session: RolloutWork(session, self.ctx),
             on_finished=self._on_finished,
-            known_ids=set(state.store.session_ids()),
-            node_url=state.config.base_url(),
+            known_ids=set(gateway.store.session_ids()),
+            node_url=gateway.config.base_url(),
         )
         self.client = (
             NodeClient(config, self.status, self._session_statuses) if config.rollout_url else None
@@ -52,7 +52,7 @@ class GatewayNode:
 
     async def start(self) -> None:
         # The URL may only be known now (port 0 resolved at bind time).
-        self.lifecycle.node_url = self.state.config.base_url()
+        self.lifecycle.node_url = self.gateway.config.base_url()
         self.lifecycle.start()
         if self.client is not None:
             self.client.start()
@@ -64,7 +64,7 @@ class GatewayNode:
 
     def status(self) -> NodeStatus:
         return self.lifecycle.status(
-            paused=self.state.gate.paused, policy_version=int(self.state.proxy.policy_version)
+            paused=self.gateway.gate.paused, policy_version=int(self.gateway.proxy.policy_version)
         )
 
     def _session_statuses(self) -> dict[str, SessionStatus]:
@@ -76,7 +76,7 @@ class GatewayNode:
 
 
 def _node(request: Request) -> GatewayNode:
-    node: GatewayNode | None = request.app.state.node
+    node = services(request).node
     if node is None:
         raise HTTPException(status_code=404, detail="this gateway runs no session lifecycle")
     return node
@@ -162,9 +162,10 @@ async def status(request: Request) -> NodeStatus:
     return _node(request).status()
 
 
-def attach_lifecycle(app: FastAPI, config: NodeConfig) -> GatewayNode:
-    """Add the node API and lifecycle to a gateway app (call before the catch-all proxy route)."""
-    node = GatewayNode(app, config)
-    app.state.node = node
+def attach_lifecycle(app: FastAPI, gateway: GatewayServices, config: NodeConfig) -> GatewayNode:
+    """Add the node API and lifecycle to a gateway app (call before the catch-all proxy route);
+    the node goes in ``gateway.node``."""
+    node = GatewayNode(gateway, config)
+    gateway.node = node
     app.include_router(router)
     return node

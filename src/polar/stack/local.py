@@ -23,6 +23,7 @@ from polar.engines.registry import EngineConfig
 from polar.gateway.app import create_app as create_gateway_app
 from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
 from polar.gateway.server import BackgroundServer
+from polar.gateway.services import app_services
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
 
@@ -104,8 +105,7 @@ class LocalStack:
     def sampling_policy(self) -> SamplingPolicy:
         """The live policy the gateway applies to every call (change it between rollouts)."""
         assert self.gateway_app is not None, "stack not started"
-        policy: SamplingPolicy = self.gateway_app.state.config.sampling
-        return policy
+        return app_services(self.gateway_app).config.sampling
 
     @property
     def capture_db(self) -> Path:
@@ -115,8 +115,7 @@ class LocalStack:
     def store(self) -> CaptureStore:
         """The gateway's capture store (read it while the stack runs)."""
         assert self.gateway_app is not None, "stack not started"
-        store: CaptureStore = self.gateway_app.state.store
-        return store
+        return app_services(self.gateway_app).store
 
     def start(self) -> LocalStack:
         self.work_dir.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from polar.engines.types import EngineResult
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.gateway.server import BackgroundServer
+from polar.gateway.services import app_services
 from polar.providers.types import NormalizedRequest
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
@@ -114,7 +115,7 @@ class Node:
 
     def kill(self) -> None:
         """Vanish without a word: no more heartbeats, no results, then the server goes."""
-        node = self.app.state.node
+        node = app_services(self.app).node
         node.lifecycle.on_finished = None
         if node.client is not None and node.client._loop is not None:
             node.client._loop.cancel()

@@ -9,6 +9,7 @@ import zstandard
 
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
+from polar.gateway.services import app_services
 
 
 def _record(
@@ -143,5 +144,5 @@ def test_closed_sessions_stay_closed_after_reopen(tmp_path):
     app = create_app(
         GatewayConfig(capture_db=db, engine={"kind": "vllm", "base_url": "http://127.0.0.1:9"})
     )
-    assert [s.session_id for s in app.state.sessions.all()] == ["open"]
-    app.state.store.close()
+    assert [s.session_id for s in app_services(app).sessions.all()] == ["open"]
+    app_services(app).store.close()

@@ -13,6 +13,7 @@ from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.gateway.services import app_services
 
 LONG = "word " * 400  # ~400 tokens
 
@@ -89,7 +90,7 @@ async def test_the_served_name_and_window_come_from_the_engine(tmp_path: Path) -
         )
     assert reply.status_code == 200, reply.text
     assert count.status_code == 200 and count.json()["input_tokens"] > 0
-    records = app.state.store.records("s2")
+    records = app_services(app).store.records("s2")
     (rec,) = records
     assert rec.model == SMOLLM2_MODEL_NAME
     assert rec.sampling["max_tokens"] == 2048 - len(rec.prompt_ids)

@@ -18,6 +18,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig, NodeConfig
+from polar.gateway.services import app_services
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.service import RolloutService
@@ -49,7 +50,7 @@ def node_schema(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Any
     )
     engine = ScriptedEngine(ScriptedBackend(Script(), tokenizer=tokenizer))
     app = create_app(config, engine=engine)
-    assert app.state.node.lifecycle._workers == []  # nothing will run
+    assert app_services(app).node.lifecycle._workers == []  # nothing will run
     return schemathesis.openapi.from_asgi("/openapi.json", app).include(path_regex="^/polar/node")
 
 
