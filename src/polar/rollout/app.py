@@ -6,10 +6,11 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import Field
 
 from polar import __version__
@@ -83,6 +84,8 @@ async def get_task(request: Request, task_id: str) -> Response:
     body = await asyncio.to_thread(_service(request).task_result_json, task_id)
     if body is None:
         raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
+    if isinstance(body, Path):
+        return FileResponse(body, media_type="application/json")
     return Response(body, media_type="application/json")
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -120,20 +122,31 @@ class RolloutService:
     def summaries(self) -> list[TaskSummary]:
         return [self._summary(row) for row in self.store.tasks()]
 
-    def task_result_json(self, task_id: str) -> bytes | None:
+    def task_result_json(self, task_id: str) -> bytes | Path | None:
         """A :class:`TaskResult` as JSON, spliced from the stored result documents: answering
-        costs a read, not a parse and re-serialization of every trajectory. Blocking: call it
-        from a worker thread."""
+        costs a read, not a parse and re-serialization of every trajectory. A COMPLETED task
+        never changes again, so its answer is written once and then served as a file (a
+        ``Path``). Blocking: call it from a worker thread."""
         row = self.store.task(task_id)
         if row is None:
             return None
+        answer = self.store.answer_path(task_id)
+        if row.status.final and answer.exists():
+            return answer
         head = orjson.dumps({"task_id": task_id, "status": row.status})[:-1]
         paths = orjson.dumps([str(self.store.results_path(task_id))])
         results = b",".join(self.store.result_blobs(task_id))
-        return head + b',"results":[' + results + b'],"result_paths":' + paths + b"}"
+        body = head + b',"results":[' + results + b'],"result_paths":' + paths + b"}"
+        if row.status.final:
+            partial = answer.with_suffix(f".{threading.get_ident()}.tmp")
+            partial.write_bytes(body)
+            partial.replace(answer)
+        return body
 
     def task_result(self, task_id: str) -> TaskResult | None:
         body = self.task_result_json(task_id)
+        if isinstance(body, Path):
+            body = body.read_bytes()
         return TaskResult.model_validate_json(body) if body is not None else None
 
     def session_views(self, task_id: str) -> list[SessionView]:

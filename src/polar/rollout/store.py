@@ -127,6 +127,7 @@ class RolloutStore:
             )
             self._db.execute("COMMIT")
         self.results_path(request.task_id).unlink(missing_ok=True)
+        self.answer_path(request.task_id).unlink(missing_ok=True)
 
     def task(self, task_id: str) -> TaskRow | None:
         with self._lock:
@@ -145,6 +146,10 @@ class RolloutStore:
         else:
             name = "task-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
         return self.results_dir / f"{name}.jsonl"
+
+    def answer_path(self, task_id: str) -> Path:
+        """Where a COMPLETED task's whole ``GET /tasks/{id}`` answer is kept once built."""
+        return self.results_path(task_id).with_suffix(".task.json")
 
     # -- sessions ------------------------------------------------------------------------
 
