@@ -81,7 +81,7 @@ def test_a_task_finished_before_waiting_is_seen_at_once(server: BackgroundServer
 def test_wait_times_out_naming_the_unfinished_tasks(server: BackgroundServer) -> None:
     with RolloutClient(server.url, token=TOKEN) as client:
         client.submit(task("slow", n=1))
-        with pytest.raises(RolloutTimeout, match="1 task.*slow"):
+        with pytest.raises(RolloutTimeout, match=r"1 task.*slow"):
             client.wait(["slow"], timeout_s=0.5)
 
 
@@ -131,7 +131,7 @@ def test_a_first_409_is_a_conflict() -> None:
 
     with (
         RolloutClient("http://r", transport=httpx.MockTransport(handler)) as client,
-        pytest.raises(RolloutError, match="409.*still running"),
+        pytest.raises(RolloutError, match=r"409.*still running"),
     ):
         client.submit(TaskRequest(task_id="t", instruction="x"))
 
