@@ -118,7 +118,8 @@ def _wait(policy: RetryPolicy) -> tenacity.wait.wait_base:
 def _stop(policy: RetryPolicy) -> tenacity.stop.stop_base:
     if policy.deadline_s is None:
         return tenacity.stop_never
-    return tenacity.stop_after_delay(policy.deadline_s)
+    # Not a wait that would end past the deadline: the last attempt starts before it.
+    return tenacity.stop_before_delay(policy.deadline_s)
 
 
 def _spent(policy: RetryPolicy) -> str:
