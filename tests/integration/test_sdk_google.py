@@ -7,8 +7,7 @@ from google import genai
 from google.genai import errors, types
 
 from polar.engines.scripted import ScriptedReply
-
-from .engine_replies import engine_tokens
+from polar.engines.scripted import logged_tokens as engine_tokens
 
 pytestmark = pytest.mark.slow
 

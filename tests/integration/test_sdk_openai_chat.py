@@ -8,8 +8,9 @@ import openai
 import pytest
 
 from polar.engines.scripted import ScriptedReply
+from polar.engines.scripted import logged_tokens as engine_tokens
 
-from .engine_replies import engine_tokens, gap_flags
+from .engine_replies import gap_flags
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,7 @@ import openai
 import pytest
 
 from polar.engines.scripted import ScriptedReply
-
-from .engine_replies import engine_tokens
+from polar.engines.scripted import logged_tokens as engine_tokens
 
 pytestmark = pytest.mark.slow
 

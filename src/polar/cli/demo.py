@@ -20,7 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from polar.capture.store import CaptureStore
-from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
+from polar.engines.scripted import (
+    Script,
+    ScriptedBackend,
+    ScriptedEngine,
+    ScriptedReply,
+    logged_tokens,
+)
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
@@ -236,11 +242,11 @@ def run(args: argparse.Namespace) -> int:
                 for turn, (record, engine_reply) in enumerate(
                     zip(records, backend.log[-2:], strict=True), 1
                 ):
-                    choice = engine_reply["choices"][0]
+                    prompt_ids, sampled_ids, logprobs = logged_tokens(engine_reply)
                     ok = (
-                        record.prompt_ids == engine_reply["prompt_token_ids"]
-                        and record.sampled_ids == choice["token_ids"]
-                        and record.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+                        record.prompt_ids == prompt_ids
+                        and record.sampled_ids == sampled_ids
+                        and record.logprobs == logprobs
                     )
                     all_ok &= ok
                     table.add_row(

@@ -369,3 +369,14 @@ class ScriptedEngine(VLLMEngine):
             noncanonical=bool(options.get("noncanonical", False)),
         )
         return cls(backend, timeout_s=timeout_s)
+
+
+def logged_tokens(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, sampled ids, logprobs) of a reply in :attr:`ScriptedBackend.log`, as the
+    engine sent them: a chat completion (engine-side rendering) or a token-prompt completion
+    (gateway-side rendering), both in vLLM's shape."""
+    choice = reply["choices"][0]
+    if reply.get("object") == "text_completion":
+        return choice["prompt_token_ids"], choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    logprobs = [e["logprob"] for e in choice["logprobs"]["content"]]
+    return reply["prompt_token_ids"], choice["token_ids"], logprobs
