@@ -186,7 +186,6 @@ def create_rollout_app(
 
     app = FastAPI(title="Polar rollout server", version=__version__, lifespan=lifespan)
     app.state.service = service
-    app.state.config = config
     app.include_router(router)
 
     @app.get("/health", tags=["admin"])

@@ -15,16 +15,18 @@ from typing import Any
 
 import orjson
 
+from polar.schemas.rollout import EventKind
+
 
 @dataclass(frozen=True)
 class Event:
     id: int
-    kind: str
+    kind: EventKind
     data: dict[str, Any]
 
     def frame(self) -> bytes:
         body = orjson.dumps(self.data).decode()
-        return f"id: {self.id}\nevent: {self.kind}\ndata: {body}\n\n".encode()
+        return f"id: {self.id}\nevent: {self.kind.value}\ndata: {body}\n\n".encode()
 
     def matches(self, task_id: str | None) -> bool:
         return task_id is None or self.data.get("task_id") == task_id
@@ -43,7 +45,7 @@ class EventBus:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
-    def publish(self, kind: str, **data: Any) -> Event:
+    def publish(self, kind: EventKind, **data: Any) -> Event:
         event = Event(self._next_id, kind, data)
         self._next_id += 1
         self._history.append(event)

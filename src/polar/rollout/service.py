@@ -35,7 +35,7 @@ from polar.rollout.scheduler import choose_node
 from polar.rollout.store import RolloutStore, SessionRow, TaskRow
 from polar.schemas.ids import new_session_id
 from polar.schemas.node import NodeReport, NodeSessionInfo, Registered, SessionDispatch
-from polar.schemas.rollout import CallbackState, NodeView, SessionView, TaskSummary
+from polar.schemas.rollout import CallbackState, EventKind, NodeView, SessionView, TaskSummary
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
 
 log = logging.getLogger("polar.rollout")
@@ -108,7 +108,7 @@ class RolloutService:
         await asyncio.to_thread(self.store.create_task, request, session_ids)
         self._requests[request.task_id] = request
         self.events.publish(
-            "task_submitted", task_id=request.task_id, num_samples=request.num_samples
+            EventKind.TASK_SUBMITTED, task_id=request.task_id, num_samples=request.num_samples
         )
         self.wake()
         summary = self.summary(request.task_id)
@@ -182,7 +182,7 @@ class RolloutService:
                     _failed(row, record.node_id, f"node {record.node_id} restarted and lost it")
                 )
         await self._note_statuses(report.sessions)
-        self.events.publish("node_registered", node_id=record.node_id, url=record.url)
+        self.events.publish(EventKind.NODE_REGISTERED, node_id=record.node_id, url=record.url)
         self.wake()
         return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s())
 
@@ -208,7 +208,7 @@ class RolloutService:
                 )
             except httpx.HTTPError as exc:
                 log.warning("could not tell node %s to drain: %r", node_id, exc)
-        self.events.publish("node_draining", node_id=node_id)
+        self.events.publish(EventKind.NODE_DRAINING, node_id=node_id)
         return record
 
     def node_views(self) -> list[NodeView]:
@@ -260,7 +260,7 @@ class RolloutService:
             return False
         self._known_status.pop(result.session_id, None)
         self.events.publish(
-            "session_finished",
+            EventKind.SESSION_FINISHED,
             task_id=result.task_id,
             session_id=result.session_id,
             status=result.status.value,
@@ -271,11 +271,11 @@ class RolloutService:
         if finished.callback_url:
             self.callbacks.send(finished.callback_url, result)
         if finished.task_completed:
-            self.events.publish("task_completed", task_id=result.task_id)
+            self.events.publish(EventKind.TASK_COMPLETED, task_id=result.task_id)
         return True
 
     def _callback_done(self, session_id: str, state: CallbackState) -> None:
-        self.events.publish("callback", session_id=session_id, state=state)
+        self.events.publish(EventKind.CALLBACK, session_id=session_id, state=state)
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -368,7 +368,7 @@ class RolloutService:
             info = NodeSessionInfo.model_validate_json(reply.content)
             await asyncio.to_thread(self.store.acknowledge, row.session_id, info.status)
             self.events.publish(
-                "session_dispatched",
+                EventKind.SESSION_DISPATCHED,
                 task_id=row.task_id,
                 session_id=row.session_id,
                 node_id=node_id,
@@ -411,7 +411,7 @@ class RolloutService:
             )
             for row in rows:
                 await self.accept_result(_failed(row, node_id, reason))
-            self.events.publish("node_dead", node_id=node_id, failed_sessions=len(rows))
+            self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
             log.warning("%s (%d sessions failed)", reason, len(rows))
         return dead
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from polar.rollout.events import EventBus
+from polar.schemas.rollout import EventKind
 
 
 async def collect(stream: object, n: int) -> list[bytes]:
@@ -22,13 +23,13 @@ async def collect(stream: object, n: int) -> list[bytes]:
 
 async def test_replay_then_live_with_task_filter() -> None:
     bus = EventBus()
-    bus.publish("task_submitted", task_id="a")
-    bus.publish("task_submitted", task_id="b")
+    bus.publish(EventKind.TASK_SUBMITTED, task_id="a")
+    bus.publish(EventKind.TASK_SUBMITTED, task_id="b")
     stream = bus.stream(task_id="a")
     reader = asyncio.create_task(collect(stream, 2))
     await asyncio.sleep(0.01)
-    bus.publish("session_finished", task_id="b", session_id="x")
-    bus.publish("session_finished", task_id="a", session_id="y")
+    bus.publish(EventKind.SESSION_FINISHED, task_id="b", session_id="x")
+    bus.publish(EventKind.SESSION_FINISHED, task_id="a", session_id="y")
     frames = await asyncio.wait_for(reader, 2)
     assert frames[0].startswith(b"id: 1\nevent: task_submitted\n")
     assert b'"session_id":"y"' in frames[1] and frames[1].startswith(b"id: 4\n")
@@ -39,9 +40,9 @@ async def test_replay_then_live_with_task_filter() -> None:
 async def test_resume_after_last_event_id() -> None:
     bus = EventBus()
     for i in range(3):
-        bus.publish("e", task_id="t", i=i)
+        bus.publish(EventKind.CALLBACK, task_id="t", i=i)
     frames = await asyncio.wait_for(collect(bus.stream(last_event_id=2), 1), 2)
-    assert frames == [b'id: 3\nevent: e\ndata: {"task_id":"t","i":2}\n\n']
+    assert frames == [b'id: 3\nevent: callback\ndata: {"task_id":"t","i":2}\n\n']
 
 
 async def test_slow_subscriber_is_dropped_and_close_ends_streams() -> None:
@@ -51,7 +52,7 @@ async def test_slow_subscriber_is_dropped_and_close_ends_streams() -> None:
     waiter = asyncio.create_task(stream.__anext__())
     await asyncio.sleep(0.01)
     for i in range(5):
-        bus.publish("e", i=i)
+        bus.publish(EventKind.CALLBACK, i=i)
     assert bus.subscribers == 0
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(waiter, 1)
