@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import Launch, run_cli, tail_text
+from polar.runtimes.base import AsgiApp, Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -52,8 +52,15 @@ class ApptainerRuntime(SandboxedRuntime):
     options_model = ApptainerOptions
     options: ApptainerOptions
 
-    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
-        super().__init__(spec, session_dir, gateway_url)
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_dir: Path,
+        gateway_url: str,
+        *,
+        model_api: AsgiApp | None = None,
+    ) -> None:
+        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
         if not self.spec.image:
             raise ConfigError("the apptainer runtime needs runtime.image (.sif, dir, docker://)")
         self.apptainer = self.options.apptainer

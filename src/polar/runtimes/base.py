@@ -30,6 +30,7 @@ import shutil
 import signal
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -46,6 +47,16 @@ DEFAULT_PREPARE_TIMEOUT_S = 1800.0
 _READ_GRACE_S = 1.0
 _STDERR_TAIL = 4000
 CLI_TIMEOUT_S = 120.0
+
+AsgiApp = Callable[
+    [
+        MutableMapping[str, Any],
+        Callable[[], Awaitable[MutableMapping[str, Any]]],
+        Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ],
+    Awaitable[None],
+]
+"""An ASGI app, typed loosely: runtimes sit below the gateway and never import it."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,10 @@ class Runtime(ABC):
 
     ``spec.options`` is validated as :attr:`options_model` when the runtime is built (a
     ``module:Class`` runtime with options of its own declares its model there).
+
+    ``model_api`` is what a sandbox may reach of the gateway: the session's model-API view, an
+    ASGI app a node passes in. Runtimes that cut the network serve it to the sandbox (see
+    :mod:`polar.runtimes.gateway_relay`); without one they relay the gateway's whole address.
     """
 
     name: ClassVar[str]
@@ -204,10 +219,18 @@ class Runtime(ABC):
     options_model: ClassVar[type[RuntimeOptions]] = RuntimeOptions
     options: RuntimeOptions
 
-    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_dir: Path,
+        gateway_url: str,
+        *,
+        model_api: AsgiApp | None = None,
+    ) -> None:
         self.spec = spec
         self.session_dir = Path(session_dir).absolute()
         self.gateway_url = gateway_url
+        self.model_api = model_api
         self.options = parse_config(
             self.options_model, spec.options, what=f"runtime.options for the {self.name} runtime"
         )

@@ -1,11 +1,21 @@
 """Bubblewrap (``bwrap``): a rootless sandbox with no daemon, on the host's own system.
 
-Each exec is a fresh sandbox: the host's ``/usr``, ``/etc`` and the ``/bin``, ``/lib*`` links
-read-only, the session's workspace writable at ``spec.workdir`` and its home at ``/home/polar``,
-a private ``/tmp``, new ``/proc`` and ``/dev``, and its own PID, IPC and UTS namespaces. With
-``network="gateway"`` it also gets its own network namespace, where only loopback exists; the
-gateway is forwarded in through a unix socket (see :mod:`polar.runtimes.gateway_relay`), and
-every other address, the host's loopback services included, is unreachable.
+Each exec is a fresh sandbox: the host's ``/usr`` and the ``/bin``, ``/lib*`` links read-only,
+a read-only ``/etc`` holding only what programs need from the host's (:data:`ETC_ENTRIES`: name
+resolution, CA certificates, the dynamic loader's cache, locale and time zone, the shell
+profile, ``alternatives``) and a ``passwd``/``group`` of its own, the session's workspace
+writable at ``spec.workdir`` and its home at ``/home/polar``, a private ``/tmp``, new ``/proc``
+and ``/dev``, and its own user, PID, IPC and UTS namespaces. With ``network="gateway"`` it also
+gets its own network namespace, where only loopback exists; the gateway is forwarded in through
+a unix socket (see :mod:`polar.runtimes.gateway_relay`), and every other address, the host's
+loopback services included, is unreachable.
+
+Processes inside run as uid/gid :data:`SANDBOX_UID` (``polar``) in a user namespace with every
+capability dropped, and see only the environment the exec passes (the runtime's defaults,
+``spec.env`` and the preset's), never the host's. The namespace maps that uid to the user that
+runs Polar, so files that user owns stay readable inside if they are bound; that is why the
+host's ``/etc/shadow``, ``/etc/gshadow``, ``/etc/ssl/private``, ``/root`` and home directories
+are never bound.
 
 The host's Python (``sys.base_prefix``) is bound read-only because the in-sandbox forwarder
 runs on it; with ``options.host_python`` (default true) the active virtualenv is bound too and
@@ -16,12 +26,14 @@ Options: ``ro_binds`` (host paths, or ``src:dest``, bound read-only, e.g. a Node
 
 Limits: every exec's processes die with it (the PID namespace ends), so background services do
 not persist between execs. CPU and memory limits are rootless approximations
-(:mod:`polar.runtimes.limits`). Run as root, the sandbox's root has no capabilities but can still
-read root-only host files under the bound directories; run Polar as an unprivileged user for that.
+(:mod:`polar.runtimes.limits`). The bound system directories (``/usr``, the Python and
+``ro_binds`` paths) are read with the rights of the user running Polar: run Polar as an
+unprivileged user where those hold owner-only files.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
@@ -30,7 +42,7 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import Launch, tail_text
+from polar.runtimes.base import AsgiApp, Launch, tail_text
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -40,8 +52,70 @@ from polar.runtimes.limits import limit_prefix, limit_tools
 from polar.runtimes.sandboxed import SandboxedOptions, SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
-_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SANDBOX_UID = 65534
+SANDBOX_USER = "polar"
+# What programs need from the host's /etc; nothing that holds a secret (no shadow, no
+# ssl/private, no pip.conf/npmrc with index credentials, no ssh host keys).
+ETC_ENTRIES = (
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "networks",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki/tls/certs",
+    "pki/ca-trust/extracted",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "locale.conf",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "profile",
+    "profile.d",
+    "bash.bashrc",
+    "inputrc",
+    "terminfo",
+    "mime.types",
+    "fonts",
+)
+
+
+def _etc_binds(run_dir: Path, root: Path = Path("/")) -> list[str]:
+    """A read-only /etc of the host's :data:`ETC_ENTRIES` that exist, and the sandbox's own
+    passwd and group (written by :func:`write_identity`)."""
+    args = ["--tmpfs", "/etc"]
+    for name in ETC_ENTRIES:
+        if (root / "etc" / name).exists():
+            args += ["--ro-bind", str(root / "etc" / name), f"/etc/{name}"]
+    for name in ("passwd", "group"):
+        args += ["--ro-bind", str(run_dir / "etc" / name), f"/etc/{name}"]
+    args += ["--symlink", "/proc/self/mounts", "/etc/mtab"]
+    return [*args, "--remount-ro", "/etc"]
+
+
+def write_identity(run_dir: Path, home: str) -> None:
+    """The sandbox's /etc/passwd and /etc/group: root, and the user it runs as."""
+    etc = run_dir / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    uid, user = SANDBOX_UID, SANDBOX_USER
+    (etc / "passwd").write_text(
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\n{user}:x:{uid}:{uid}:{user}:{home}:/bin/bash\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\n{user}:x:{uid}:\n")
 
 
 def _system_binds(root: Path = Path("/")) -> list[str]:
@@ -75,8 +149,15 @@ class BubblewrapRuntime(SandboxedRuntime):
     options_model = BubblewrapOptions
     options: BubblewrapOptions
 
-    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
-        super().__init__(spec, session_dir, gateway_url)
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_dir: Path,
+        gateway_url: str,
+        *,
+        model_api: AsgiApp | None = None,
+    ) -> None:
+        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
         if self.spec.image:
             raise ConfigError(
                 "the bubblewrap runtime runs on the host's read-only system; runtime.image "
@@ -93,7 +174,7 @@ class BubblewrapRuntime(SandboxedRuntime):
 
     def bwrap_argv(self, cwd: str) -> list[str]:
         """The ``bwrap`` command line (without the command) for one exec in ``cwd``."""
-        args = [self.bwrap, *_system_binds()]
+        args = [self.bwrap, *_system_binds(), *_etc_binds(self.run_path)]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         bound = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
         for path in self._python_dirs():
@@ -109,6 +190,8 @@ class BubblewrapRuntime(SandboxedRuntime):
             args += ["--ro-bind", str(FORWARDER_SOURCE), FORWARDER_INSIDE]
             args += ["--ro-bind", str(self.relay.host_dir), RUN_INSIDE]
         args += ["--chdir", cwd, "--hostname", "polar"]
+        uid = str(SANDBOX_UID)
+        args += ["--unshare-user", "--uid", uid, "--gid", uid, "--cap-drop", "ALL"]
         args += ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc"]
         args += ["--unshare-uts"]
         if self.relay is not None:
@@ -126,7 +209,13 @@ class BubblewrapRuntime(SandboxedRuntime):
         path = _SYSTEM_PATH
         if self.host_python:
             path = f"{os.path.realpath(sys.prefix)}/bin:{path}"
-        return {**super()._base_env(), "PATH": path, "TMPDIR": "/tmp"}
+        return {
+            **super()._base_env(),
+            "PATH": path,
+            "TMPDIR": "/tmp",
+            "USER": SANDBOX_USER,
+            "LOGNAME": SANDBOX_USER,
+        }
 
     def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
         inner = self.relay.wrap(argv, self.python_inside) if self.relay else argv
@@ -138,6 +227,7 @@ class BubblewrapRuntime(SandboxedRuntime):
             if shutil.which(tool) is None:
                 hint = " (apt-get install -y bubblewrap)" if tool == self.bwrap else ""
                 raise RuntimeStartError(f"the bubblewrap runtime needs {tool!r}{hint}")
+        await asyncio.to_thread(write_identity, self.run_path, self.home)
         if self.relay is not None:
             await self.relay.start()
         probe = await self.exec(["true"], timeout_s=60)

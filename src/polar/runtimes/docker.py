@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import Capabilities, Launch, run_cli, tail_text
+from polar.runtimes.base import AsgiApp, Capabilities, Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -59,8 +59,15 @@ class DockerRuntime(SandboxedRuntime):
     options_model = DockerOptions
     options: DockerOptions
 
-    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
-        super().__init__(spec, session_dir, gateway_url)
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_dir: Path,
+        gateway_url: str,
+        *,
+        model_api: AsgiApp | None = None,
+    ) -> None:
+        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
         if not self.spec.image:
             raise ConfigError("the docker runtime needs runtime.image")
         self.docker = self.options.docker

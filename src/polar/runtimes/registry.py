@@ -6,7 +6,7 @@ from pathlib import Path
 
 from polar.registry import Registry
 from polar.runtimes.apptainer import ApptainerRuntime
-from polar.runtimes.base import Runtime
+from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.bubblewrap import BubblewrapRuntime
 from polar.runtimes.docker import DockerRuntime
 from polar.runtimes.local import LocalRuntime
@@ -19,6 +19,12 @@ RUNTIMES.add("docker", DockerRuntime)
 RUNTIMES.add("apptainer", ApptainerRuntime)
 
 
-def create_runtime(spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> Runtime:
-    """An unstarted runtime of ``spec.kind``; a ``module:Class`` kind gets the same arguments."""
-    return RUNTIMES.create(spec.kind, spec, session_dir, gateway_url)
+def create_runtime(
+    spec: RuntimeSpec, session_dir: Path, gateway_url: str, *, model_api: AsgiApp | None = None
+) -> Runtime:
+    """An unstarted runtime of ``spec.kind``; a ``module:Class`` kind gets the same arguments.
+
+    ``model_api`` is the session's model-API view: what an isolating runtime serves to its
+    sandbox in place of the gateway's whole address.
+    """
+    return RUNTIMES.create(spec.kind, spec, session_dir, gateway_url, model_api=model_api)

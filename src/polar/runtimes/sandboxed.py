@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from polar.runtimes.base import Capabilities, Runtime, RuntimeOptions
+from polar.runtimes.base import AsgiApp, Capabilities, Runtime, RuntimeOptions
 from polar.runtimes.gateway_relay import DEFAULT_PORT_INSIDE, GatewayRelay
 from polar.schemas.task import RuntimeSpec
 
@@ -28,15 +28,28 @@ class ImageOptions(SandboxedOptions):
 
 class SandboxedRuntime(Runtime):
     """A runtime with its own filesystem and processes; with ``network="gateway"`` its only
-    way out is a relay to the gateway (``options.gateway_port`` is the port inside)."""
+    way out is a relay to the gateway (``options.gateway_port`` is the port inside), which
+    serves ``model_api`` (the session's model-API view) when one is given."""
 
     options_model = SandboxedOptions
     options: SandboxedOptions
 
-    def __init__(self, spec: RuntimeSpec, session_dir: Path, gateway_url: str) -> None:
-        super().__init__(spec, session_dir, gateway_url)
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_dir: Path,
+        gateway_url: str,
+        *,
+        model_api: AsgiApp | None = None,
+    ) -> None:
+        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
         self.relay = (
-            GatewayRelay(gateway_url, self.run_path, port_inside=self.options.gateway_port)
+            GatewayRelay(
+                gateway_url,
+                self.run_path,
+                port_inside=self.options.gateway_port,
+                model_api=model_api,
+            )
             if self.spec.network == "gateway"
             else None
         )

@@ -50,7 +50,13 @@ def test_command_line_isolates_and_maps_the_session(tmp_path: Path):
     rt = make(tmp_path, "http://127.0.0.1:8000/x", options={"ro_binds": ["/opt/node", "/a:/b"]})
     argv = rt.bwrap_argv("/workspace/sub")
     assert argv[0] == "bwrap" and argv[-1] == "--"
-    assert pair(argv, "--ro-bind", "/usr", "/usr") and pair(argv, "--ro-bind", "/etc", "/etc")
+    assert pair(argv, "--ro-bind", "/usr", "/usr") and not pair(argv, "--ro-bind", "/etc", "/etc")
+    assert pair(argv, "--ro-bind", "/etc/hosts", "/etc/hosts")
+    assert pair(argv, "--ro-bind", str(rt.run_path / "etc" / "passwd"), "/etc/passwd")
+    assert pair(argv, "--remount-ro", "/etc")
+    assert not any("shadow" in arg or "ssl/private" in arg for arg in argv)
+    assert pair(argv, "--unshare-user", "--uid", "65534", "--gid", "65534")
+    assert pair(argv, "--cap-drop", "ALL")
     assert pair(argv, "--bind", str(rt.workspace_path), "/workspace")
     assert pair(argv, "--bind", str(rt.home_path), "/home/polar")
     assert pair(argv, "--proc", "/proc") and pair(argv, "--dev", "/dev")
@@ -174,3 +180,52 @@ async def test_transfers_map_workdir_and_home(sandbox: BubblewrapRuntime, tmp_pa
     assert (tmp_path / "out.txt").read_text() == "hi"
     with pytest.raises(ValueError, match="outside"):
         await sandbox.upload(local, "/tmp/x")
+
+
+@needs_bwrap
+async def test_the_sandbox_user_is_unprivileged_and_sees_no_host_secrets(
+    sandbox: BubblewrapRuntime, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("POLAR_HOST_MARKER", "host-secret")
+    result = await sandbox.exec(
+        "id -u; id -g; id -un; grep CapEff /proc/self/status;"
+        " cat /etc/shadow >/dev/null 2>&1; echo shadow=$?; test -e /etc/shadow; echo exists=$?;"
+        " echo root=$(ls -A /root 2>/dev/null | tr '\\n' ' '); env"
+    )
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["65534", "65534", "polar"], result.stdout + result.stderr
+    assert lines[3].split()[-1] == "0000000000000000"
+    assert lines[4:6] == ["shadow=1", "exists=1"]
+    # Only the bound interpreter's directories show under /root (pyenv installs live there).
+    python_tops = {
+        Path(d).relative_to("/root").parts[0]
+        for d in sandbox._python_dirs()
+        if d.startswith("/root/")
+    }
+    assert set(lines[6].removeprefix("root=").split()) <= python_tops
+    assert "host-secret" not in result.stdout
+    env = dict(line.split("=", 1) for line in lines[7:] if "=" in line)
+    assert env["HOME"] == "/home/polar" and env["USER"] == "polar"
+
+
+@needs_bwrap
+async def test_a_model_api_is_served_in_place_of_the_gateway(tmp_path: Path, gateway_url: str):
+    async def model_api(scope, receive, send):  # type: ignore[no-untyped-def]
+        body = f"view {scope['method']} {scope['path']}".encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    rt = BubblewrapRuntime(
+        RuntimeSpec(kind="bubblewrap"), tmp_path / "s", gateway_url, model_api=model_api
+    )
+    assert rt.gateway_url_inside == "http://127.0.0.1:18080"  # no path, plain HTTP
+    await rt.start()
+    try:
+        result = await rt.exec(
+            ["python", "-c", PROBE, rt.gateway_url_inside + "/gw", "http://127.0.0.1:1"]
+        )
+        assert result.ok, result.stderr
+        assert json.loads(result.stdout)["gateway"] == "view GET /gw/ping"
+    finally:
+        await rt.stop()
+    assert not (rt.relay and (rt.relay.host_dir / "gateway.sock").exists())
