@@ -21,13 +21,15 @@ from polar.capture.store import RecordFault
 from polar.errors import CaptureError, CorruptRecord
 from polar.gateway.services import services
 from polar.gateway.sessions import GatewaySession, base_urls
-from polar.schemas.ids import new_session_id
+from polar.schemas.ids import SessionId, new_session_id
 
 
 class CreateSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str | None = Field(None, description="Optional; a random unguessable id otherwise.")
+    session_id: SessionId | None = Field(
+        None, description="Optional; a random unguessable id otherwise."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -80,7 +82,7 @@ def _info(request: Request, session: GatewaySession, calls: int) -> SessionInfo:
     )
 
 
-def _session(request: Request, session_id: str) -> GatewaySession:
+def _session(request: Request, session_id: SessionId) -> GatewaySession:
     session = services(request).sessions.get(session_id)
     if session is None:
         raise HTTPException(status_code=404, detail=f"unknown session {session_id!r}")
@@ -108,14 +110,14 @@ async def list_sessions(request: Request) -> list[SessionInfo]:
 
 
 @router.get("/sessions/{session_id}")
-async def get_session(request: Request, session_id: str) -> SessionInfo:
+async def get_session(request: Request, session_id: SessionId) -> SessionInfo:
     session = _session(request, session_id)
     calls = services(request).store.call_counts(session_id).get(session_id, 0)
     return _info(request, session, calls)
 
 
 @router.get("/sessions/{session_id}/completions")
-async def list_completions(request: Request, session_id: str) -> list[dict[str, Any]]:
+async def list_completions(request: Request, session_id: SessionId) -> list[dict[str, Any]]:
     _session(request, session_id)
     return services(request).store.summaries(session_id)
 
@@ -123,7 +125,7 @@ async def list_completions(request: Request, session_id: str) -> list[dict[str, 
 @router.get("/sessions/{session_id}/records", response_model=list[CaptureRecord])
 def get_records(
     request: Request,
-    session_id: str,
+    session_id: SessionId,
     after_seq: int = Query(-1, ge=-1, description="Only calls after this seq (paging)."),
     limit: int | None = Query(None, ge=1, description="At most this many records."),
 ) -> StreamingResponse:
@@ -146,7 +148,7 @@ def _json_array(items: Iterable[CaptureRecord | RecordFault]) -> Iterator[bytes]
 
 
 @router.get("/sessions/{session_id}/records/{completion_id}")
-def get_record(request: Request, session_id: str, completion_id: str) -> CaptureRecord:
+def get_record(request: Request, session_id: SessionId, completion_id: str) -> CaptureRecord:
     _session(request, session_id)
     try:
         record = services(request).store.record(completion_id, session_id=session_id)
@@ -158,7 +160,7 @@ def get_record(request: Request, session_id: str, completion_id: str) -> Capture
 
 
 @router.delete("/sessions/{session_id}", status_code=204)
-async def delete_session(request: Request, session_id: str) -> None:
+async def delete_session(request: Request, session_id: SessionId) -> None:
     _session(request, session_id)
     services(request).sessions.remove(session_id)
     await services(request).store.delete_session(session_id)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.config_loader import load_config
 from polar.engines.registry import EngineConfig
+from polar.schemas.ids import NodeId
 
 
 class SamplingPolicy(BaseModel):
@@ -34,7 +35,7 @@ class NodeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    node_id: str = Field("node-0", min_length=1)
+    node_id: NodeId = "node-0"
     init_workers: int = Field(2, ge=1, description="Sessions starting a runtime at once.")
     run_workers: int = Field(4, ge=1, description="Harnesses running at once (run slots).")
     postrun_workers: int = Field(2, ge=1, description="Build/evaluate/teardown at once.")

@@ -16,6 +16,7 @@ from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFul
 from polar.gateway.node_client import NodeClient
 from polar.gateway.services import GatewayServices, services
 from polar.gateway.session_work import NodeContext, RolloutWork, register_session
+from polar.schemas.ids import SessionId
 from polar.schemas.node import NodeSessionInfo, NodeStatus, SessionDispatch
 from polar.schemas.task import SessionResult, SessionStatus
 
@@ -133,7 +134,7 @@ async def list_sessions(request: Request) -> list[NodeSessionInfo]:
 
 
 @router.get("/sessions/{session_id}", responses={404: {}})
-async def get_session(request: Request, session_id: str) -> NodeSessionDetail:
+async def get_session(request: Request, session_id: SessionId) -> NodeSessionDetail:
     session = _node(request).lifecycle.get(session_id)
     if session is None:
         raise HTTPException(status_code=404, detail=f"unknown session {session_id!r}")
@@ -141,7 +142,7 @@ async def get_session(request: Request, session_id: str) -> NodeSessionDetail:
 
 
 @router.delete("/sessions/{session_id}", responses={404: {}})
-async def cancel_session(request: Request, session_id: str) -> NodeSessionInfo:
+async def cancel_session(request: Request, session_id: SessionId) -> NodeSessionInfo:
     """Cancel at any stage: the runtime is stopped and the session ends as ERROR ("cancelled")."""
     session = _node(request).lifecycle.cancel(session_id)
     if session is None:

@@ -29,6 +29,7 @@ from polar.harnesses.registry import harness_for
 from polar.harnesses.runner import run_launch
 from polar.runtimes.base import Runtime
 from polar.runtimes.registry import create_runtime
+from polar.schemas.ids import path_segment
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trajectory, TrajectoryStatus
 from polar.trajectory.registry import create_builder
@@ -76,7 +77,7 @@ class RolloutWork:
         self.session = session
         self.ctx = ctx
         self.task: TaskRequest = session.dispatch.task
-        self.session_dir = ctx.node.work_dir / session.session_id
+        self.session_dir = ctx.node.work_dir / path_segment(session.session_id)
         self.runtime: Runtime | None = None
         self.fresh: Runtime | None = None
         self._prewarm: asyncio.Task[None] | None = None

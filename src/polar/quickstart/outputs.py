@@ -22,6 +22,7 @@ from typing import Any
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.extras import installed
+from polar.schemas.ids import path_segment
 from polar.schemas.task import SessionResult
 from polar.trajectory.exporters.registry import create_exporter
 
@@ -60,7 +61,7 @@ def write_outputs(
             for record in captures.get(result.session_id, []):
                 f.write(record.model_dump_json() + "\n")
     for result in results:
-        session_dir = run_dir / SESSIONS / result.session_id
+        session_dir = run_dir / SESSIONS / path_segment(result.session_id)
         session_dir.mkdir(parents=True, exist_ok=True)
         log = session_log(result, captures.get(result.session_id, []))
         (session_dir / SESSION_LOG).write_text(log)

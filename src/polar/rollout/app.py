@@ -17,6 +17,7 @@ from polar import __version__
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.service import RolloutService
 from polar.rollout.store import TaskConflict
+from polar.schemas.ids import NodeId, TaskId
 from polar.schemas.node import NodeReport, Registered
 from polar.schemas.rollout import NodeView, ResultAck, SessionView, TaskSummary
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
@@ -78,7 +79,7 @@ async def list_tasks(request: Request) -> list[TaskSummary]:
     response_class=Response,
     responses={200: {"model": TaskResult, "content": {"application/json": {}}}, 404: {}},
 )
-async def get_task(request: Request, task_id: str) -> Response:
+async def get_task(request: Request, task_id: TaskId) -> Response:
     """The task's status and the results of its finished sessions. To wait for a task, follow
     ``/events`` (or poll ``/tasks/{id}/summary``) and read this once it is COMPLETED."""
     body = await asyncio.to_thread(_service(request).task_result_json, task_id)
@@ -90,7 +91,7 @@ async def get_task(request: Request, task_id: str) -> Response:
 
 
 @router.get("/tasks/{task_id}/summary", tags=["tasks"], responses={404: {}})
-async def get_task_summary(request: Request, task_id: str) -> TaskSummary:
+async def get_task_summary(request: Request, task_id: TaskId) -> TaskSummary:
     """Status and session counts by status: cheap, whatever the size of the results."""
     summary = await asyncio.to_thread(_service(request).summary, task_id)
     if summary is None:
@@ -99,7 +100,7 @@ async def get_task_summary(request: Request, task_id: str) -> TaskSummary:
 
 
 @router.get("/tasks/{task_id}/sessions", tags=["tasks"], responses={404: {}})
-async def list_sessions(request: Request, task_id: str) -> list[SessionView]:
+async def list_sessions(request: Request, task_id: TaskId) -> list[SessionView]:
     service = _service(request)
 
     def views() -> list[SessionView] | None:
@@ -114,7 +115,7 @@ async def list_sessions(request: Request, task_id: str) -> list[SessionView]:
 @router.get("/events", tags=["tasks"], response_class=StreamingResponse)
 async def events(
     request: Request,
-    task_id: str | None = None,
+    task_id: TaskId | None = None,
     last_event_id: str | None = Header(None),
 ) -> StreamingResponse:
     """Server-Sent Events: task_submitted, session_dispatched, session_finished, task_completed,
@@ -134,7 +135,7 @@ async def register_node(request: Request, report: NodeReport) -> Registered:
 
 
 @router.post("/nodes/{node_id}/heartbeat", tags=["nodes"], responses={404: {}, 409: {}})
-async def heartbeat(request: Request, node_id: str, report: NodeReport) -> Registered:
+async def heartbeat(request: Request, node_id: NodeId, report: NodeReport) -> Registered:
     """404 tells the node to register again (the server restarted or declared it dead)."""
     if report.status.node_id != node_id:
         raise HTTPException(status_code=409, detail="node id in path and body differ")
@@ -145,7 +146,7 @@ async def heartbeat(request: Request, node_id: str, report: NodeReport) -> Regis
 
 
 @router.post("/nodes/{node_id}/drain", tags=["nodes"], responses={404: {}})
-async def drain_node(request: Request, node_id: str) -> NodeView:
+async def drain_node(request: Request, node_id: NodeId) -> NodeView:
     service = _service(request)
     if await service.drain(node_id) is None:
         raise HTTPException(status_code=404, detail=f"unknown node {node_id!r}")

@@ -8,14 +8,13 @@ came back after its grace period) is recognised and ignored.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.schemas.ids import path_segment
 from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
 
@@ -44,7 +43,6 @@ CREATE INDEX IF NOT EXISTS sessions_by_node ON sessions (node_id, status);
 """
 
 _FINAL = tuple(s.value for s in SessionStatus if s.finished)
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}")
 
 
 class TaskConflict(Exception):
@@ -140,12 +138,9 @@ class RolloutStore:
         return [_task_row(r) for r in rows]
 
     def results_path(self, task_id: str) -> Path:
-        """``results/<task>.jsonl``; ids unsafe as file names get a hashed name."""
-        if _SAFE_NAME.fullmatch(task_id):
-            name = task_id
-        else:
-            name = "task-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
-        return self.results_dir / f"{name}.jsonl"
+        """``results/<task>.jsonl`` (:class:`~polar.schemas.ids.InvalidId` for a task id that
+        does not follow the id grammar)."""
+        return self.results_dir / f"{path_segment(task_id)}.jsonl"
 
     def answer_path(self, task_id: str) -> Path:
         """Where a COMPLETED task's whole ``GET /tasks/{id}`` answer is kept once built."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar.schemas.ids import NodeId, SessionId, TaskId
 from polar.schemas.task import SessionStatus, TaskRequest
 
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -52,7 +53,7 @@ class NodeStatus(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    node_id: str = Field(min_length=1)
+    node_id: NodeId
     url: str = Field(
         pattern=NODE_URL, description="Where the rollout server dispatches sessions."
     )
@@ -75,9 +76,10 @@ class NodeReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: NodeStatus
-    sessions: dict[str, SessionStatus] = Field(
+    sessions: dict[SessionId, SessionStatus] = Field(
         default_factory=dict,
         description="Unfinished sessions, and finished ones whose result is not yet delivered.",
+        json_schema_extra={"additionalProperties": False},  # every key is a SessionId
     )
 
 
@@ -86,7 +88,7 @@ class SessionDispatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str = Field(min_length=16, description="Unguessable; the harness's API key.")
+    session_id: SessionId = Field(min_length=16, description="Unguessable; the harness's API key.")
     sample_index: int = Field(0, ge=0, le=2**31)
     task: TaskRequest
 
@@ -96,9 +98,9 @@ class NodeSessionInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str
-    task_id: str
-    node_id: str
+    session_id: SessionId
+    task_id: TaskId
+    node_id: NodeId
     status: SessionStatus
     stage_started_at: float
     timing: dict[str, float] = Field(default_factory=dict)
@@ -111,5 +113,5 @@ class Registered(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    node_id: str
+    node_id: NodeId
     heartbeat_s: float = Field(description="How often the server expects a heartbeat.")

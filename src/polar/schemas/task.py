@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar.schemas.ids import NodeId, SessionId, TaskId
 from polar.schemas.trajectory import Trajectory
 
 
@@ -80,7 +81,7 @@ class TaskRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task_id: str
+    task_id: TaskId
     instruction: str
     num_samples: int = Field(1, ge=1)
     timeout_seconds: float = Field(600.0, gt=0)
@@ -132,13 +133,13 @@ class SessionResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str
-    task_id: str
+    session_id: SessionId
+    task_id: TaskId
     status: SessionStatus
     trajectory: Trajectory | None = None
     reward: float | None = None
     timing: dict[str, float] = Field(default_factory=dict, description="Seconds per stage.")
-    node_id: str | None = None
+    node_id: NodeId | None = None
     error: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -148,7 +149,7 @@ class TaskResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task_id: str
+    task_id: TaskId
     status: TaskStatus
     results: list[SessionResult] = Field(default_factory=list)
     result_paths: list[str] = Field(default_factory=list)

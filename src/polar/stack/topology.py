@@ -18,6 +18,7 @@ from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
 from polar.rollout.config import RolloutServerConfig
+from polar.schemas.ids import NodeId
 
 
 class WorkerCounts(BaseModel):
@@ -37,7 +38,7 @@ class NodeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1)
+    id: NodeId
     host: str = "127.0.0.1"
     port: int = Field(8100, ge=0, le=65535)
     public_url: str | None = None

@@ -28,7 +28,7 @@ def session(session_id: str, sample: int, **fields: object) -> SessionResult:
     return SessionResult.model_validate(
         {
             "session_id": session_id,
-            "task_id": "add<&>",
+            "task_id": "add-numbers",  # ids follow the id grammar: nothing to escape
             "status": SessionStatus.COMPLETED,
             "metadata": {"sample_index": sample},
             **fields,
@@ -80,7 +80,7 @@ def test_tool_output_and_errors_stay_text(tmp_path, results):
     assert f"<div class='tokens g'>{TOOL_OUTPUT}</div>" in text  # the tool result, greyed
     assert f"session b · error: harness said {TOOL_OUTPUT}" in text
     assert f"title='harness said {TOOL_OUTPUT}'" in text  # on its reward cell, quote and all
-    assert "<td>add<&></td>" in text
+    assert "<td>add-numbers</td>" in text
 
 
 def test_the_report_is_one_well_formed_self_contained_page(tmp_path, results):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from polar.rollout.store import RolloutStore, TaskConflict
+from polar.schemas.ids import InvalidId
 from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
 
@@ -114,8 +115,8 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
         again.close()
 
 
-def test_results_path_is_safe_for_any_task_id(store: RolloutStore) -> None:
-    assert store.results_path("task-1.a").name == "task-1.a.jsonl"
-    weird = store.results_path("../../etc/passwd")
-    assert weird.parent == store.results_dir and weird.name.startswith("task-")
-    assert store.results_path("a/b") != store.results_path("a_b")
+def test_results_path_takes_only_ids_of_the_grammar(store: RolloutStore) -> None:
+    assert store.results_path("task-1_a").name == "task-1_a.jsonl"
+    for bad in ["../../etc/passwd", "a/b", "..", "", "task-1.a", "x" * 300]:
+        with pytest.raises(InvalidId):
+            store.results_path(bad)
