@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from images.local_image import IMAGE, docker_unready
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.docker import EXEC_ID_VAR, DockerRuntime
 from polar.runtimes.gateway_relay import FORWARDER_SOURCE
@@ -167,27 +168,12 @@ async def test_failed_run_raises_with_the_cli_error(tmp_path, fake_docker, monke
     assert not any(call[0] == "rm" for call in logged(tmp_path))
 
 
-def _docker_ready(image: str) -> str | None:
-    """Why a live Docker test cannot run here, or None when it can."""
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"docker CLI unusable: {exc}"
-    if info.returncode != 0:
-        return "no Docker engine is running (docker info failed)"
-    inspect = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
-    if inspect.returncode != 0:
-        return f"image {image} is not present locally (tests do not pull)"
-    return None
-
-
 @pytest.mark.slow
 async def test_live_docker(tmp_path: Path, gateway_url: str, other_server_url: str):
-    image = os.environ.get("POLAR_TEST_DOCKER_IMAGE", "python:3.12-slim")
-    if reason := _docker_ready(image):
+    if reason := docker_unready():
         pytest.skip(reason)
     rt = DockerRuntime(
-        RuntimeSpec(kind="docker", image=image, files={"a": "1"}), tmp_path / "s", gateway_url
+        RuntimeSpec(kind="docker", image=IMAGE, files={"a": "1"}), tmp_path / "s", gateway_url
     )
     await rt.start()
     try:
