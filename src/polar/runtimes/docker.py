@@ -8,14 +8,20 @@ are Docker's own (``--cpus``, ``--memory``, cgroup-enforced).
 ``network="gateway"`` runs the container with ``--network none`` (loopback only); its main
 process is the gateway forwarder (``python3`` from the image, or ``options.forwarder_python``),
 which listens on ``127.0.0.1:gateway_port`` and pipes to the relay's unix socket mounted from
-the session dir. ``network="host"`` uses ``--network host`` and the gateway URL as is.
+the session dir (what the socket serves: :mod:`polar.runtimes.gateway_relay`). ``network="host"``
+uses ``--network host`` and the gateway URL as is.
+
+The container runs as ``options.user`` (default ``65534:65534``; ``null`` keeps the image's
+own user) with ``--cap-drop ALL`` and ``--security-opt no-new-privileges``. The workspace and
+home are handed to that user before the container starts and after each upload: chowned when
+Polar runs as root and the user is numeric, else made writable to all (``a+rwX``).
 
 Exec environment values travel in the docker client's environment (``-e NAME`` without a
 value), never on its command line. Each exec is tagged with ``POLAR_EXEC_ID`` so a timeout or
 cancel can kill exactly its processes inside the container, not only the client.
 
-Options: ``docker`` (the binary), ``run_args`` (extra ``docker run`` arguments, e.g.
-``["--user", "1000"]``), ``forwarder_python``, ``gateway_port``.
+Options: ``docker`` (the binary), ``user``, ``run_args`` (extra ``docker run`` arguments,
+e.g. ``["--shm-size", "1g"]``), ``forwarder_python``, ``gateway_port``.
 """
 
 from __future__ import annotations
@@ -49,8 +55,14 @@ _KILL_TAGGED = (
 )
 
 
+DEFAULT_USER = "65534:65534"
+
+
 class DockerOptions(ImageOptions):
     docker: str = "docker"  # the CLI binary
+    user: str | None = Field(
+        DEFAULT_USER, description="uid[:gid] the container runs as; null: the image's user."
+    )
     run_args: list[str] = Field(default_factory=list, description="Extra docker run arguments.")
 
 
@@ -71,6 +83,7 @@ class DockerRuntime(SandboxedRuntime):
         if not self.spec.image:
             raise ConfigError("the docker runtime needs runtime.image")
         self.docker = self.options.docker
+        self.user = self.options.user
         self.run_args = self.options.run_args
         self.forwarder_python = self.options.forwarder_python
         slug = re.sub(r"[^a-zA-Z0-9_.-]", "-", self.session_dir.name)[:40]
@@ -88,6 +101,9 @@ class DockerRuntime(SandboxedRuntime):
         argv = [self.docker, "run", "-d", "--name", self.container]
         argv += ["--label", f"polar.session={self.session_dir.name}"]
         argv += ["--network", "none" if self.relay else "host"]
+        if self.user is not None:
+            argv += ["--user", self.user]
+        argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         if self.spec.cpus is not None:
             argv += ["--cpus", f"{self.spec.cpus:g}"]
         if self.spec.memory_mb is not None:
@@ -133,6 +149,7 @@ class DockerRuntime(SandboxedRuntime):
             raise RuntimeStartError(f"the docker runtime needs the {self.docker!r} CLI")
         if self.relay is not None:
             await self.relay.start()
+        await asyncio.to_thread(self._hand_over, self.workspace_path, self.home_path)
         code, _, err = await run_cli(self.run_argv())
         if code != 0:
             raise RuntimeStartError(
@@ -167,6 +184,7 @@ class DockerRuntime(SandboxedRuntime):
             await self._cp(src, f"{self.container}:{target}")
             return
         await super().upload(local, remote)
+        await asyncio.to_thread(self._hand_over, self.host_path(remote))
 
     async def download(self, remote: str, local: Path) -> None:
         try:
@@ -180,7 +198,37 @@ class DockerRuntime(SandboxedRuntime):
             return
         await super().download(remote, local)
 
+    def _hand_over(self, *paths: Path) -> None:
+        """Make ``paths`` (trees) writable by the container's user."""
+        owner = _numeric_owner(self.user)
+        for top in paths:
+            for path in _walk(top):
+                if owner is not None and os.geteuid() == 0:
+                    os.chown(path, *owner, follow_symlinks=False)
+                elif not path.is_symlink():
+                    mode = path.stat().st_mode
+                    extra = 0o777 if path.is_dir() or mode & 0o111 else 0o666
+                    path.chmod(mode | extra)
+
     async def _cp(self, src: str, dst: str) -> None:
         code, _, err = await run_cli(self.cp_argv(src, dst))
         if code != 0:
             raise FileNotFoundError(f"docker cp {src} {dst} failed: {err.strip()}")
+
+
+def _numeric_owner(user: str | None) -> tuple[int, int] | None:
+    """(uid, gid) of a numeric ``uid[:gid]``; None for names or the image's own user."""
+    if user is None:
+        return None
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or (gid and not gid.isdigit()):
+        return None
+    return int(uid), int(gid or uid)
+
+
+def _walk(top: Path) -> list[Path]:
+    if not top.exists():
+        return []
+    if not top.is_dir() or top.is_symlink():
+        return [top]
+    return [top, *top.rglob("*")]

@@ -50,18 +50,19 @@ def make(tmp_path: Path, **spec: object) -> DockerRuntime:
 
 
 def test_run_command_line(tmp_path: Path):
-    rt = make(tmp_path, cpus=2, memory_mb=2048, options={"run_args": ["--user", "1000"]})
+    rt = make(tmp_path, cpus=2, memory_mb=2048, options={"run_args": ["--shm-size", "1g"]})
     assert rt.container.startswith("polar-sess-")
     assert rt.run_argv() == [
         "docker", "run", "-d", "--name", rt.container,
         "--label", "polar.session=sess",
         "--network", "none",
+        "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--cpus", "2", "--memory", "2048m",
         "-v", f"{rt.workspace_path}:/workspace",
         "-v", f"{rt.home_path}:/home/polar",
         "-v", f"{FORWARDER_SOURCE}:/.polar/forwarder.py:ro",
         "-v", f"{rt.run_path}:/.polar/run",
-        "-w", "/workspace", "--user", "1000",
+        "-w", "/workspace", "--shm-size", "1g",
         "--entrypoint", "python3", "python:3.12-slim",
         "-I", "-S", "/.polar/forwarder.py", "--tcp", "127.0.0.1:18080",
         "--unix", "/.polar/run/gateway.sock",
@@ -71,6 +72,24 @@ def test_run_command_line(tmp_path: Path):
         "cpus",
         "memory",
     }
+
+
+def test_the_user_is_an_option(tmp_path: Path):
+    argv = make(tmp_path, options={"user": "1000:1000"}).run_argv()
+    assert argv[argv.index("--user") + 1] == "1000:1000"
+    assert "--user" not in make(tmp_path, options={"user": None}).run_argv()
+
+
+def test_the_workspace_is_handed_to_the_container_user(tmp_path: Path):
+    rt = make(tmp_path, files={"pkg/a.py": "x"}, options={"user": "4242:4243"})
+    rt._lay_out()
+    rt._hand_over(rt.workspace_path, rt.home_path)
+    for path in (rt.workspace_path, rt.workspace_path / "pkg", rt.workspace_path / "pkg/a.py"):
+        info = path.stat()
+        if os.geteuid() == 0:
+            assert (info.st_uid, info.st_gid) == (4242, 4243)
+        else:
+            assert info.st_mode & 0o006 == 0o006
 
 
 def test_host_network_runs_sleep(tmp_path: Path):
@@ -184,5 +203,35 @@ async def test_live_docker(tmp_path: Path, gateway_url: str, other_server_url: s
         )
         assert other.exit_code != 0
         assert (await rt.exec("cat a; touch /usr/x")).stdout == "1"
+    finally:
+        await rt.stop()
+
+
+@pytest.mark.slow
+async def test_live_docker_runs_unprivileged_in_a_writable_workspace(
+    tmp_path: Path, gateway_url: str
+):
+    if reason := docker_unready():
+        pytest.skip(reason)
+    rt = DockerRuntime(
+        RuntimeSpec(kind="docker", image=IMAGE, files={"pkg/a": "1"}), tmp_path / "s", gateway_url
+    )
+    await rt.start()
+    try:
+        result = await rt.exec(
+            "id -u; grep CapEff /proc/self/status; echo x >> pkg/a; echo y > new;"
+            " echo z > $HOME/cfg; cat /etc/shadow >/dev/null 2>&1; echo shadow=$?"
+        )
+        lines = result.stdout.split("\n")
+        assert lines[0] == "65534", result.stdout + result.stderr
+        assert lines[1].split()[-1] == "0000000000000000"
+        assert lines[2] == "shadow=1"
+        assert (rt.workspace_path / "pkg/a").read_text() == "1x\n"
+        assert (rt.home_path / "cfg").read_text() == "z\n"
+        local = tmp_path / "up"
+        (local / "d").mkdir(parents=True)
+        (local / "d" / "f").write_text("u")
+        await rt.upload(local, "uploaded")
+        assert (await rt.exec("echo v >> uploaded/d/f && touch uploaded/d/g")).ok
     finally:
         await rt.stop()
