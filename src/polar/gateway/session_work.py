@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from polar.capture.store import CaptureStore
@@ -27,7 +28,7 @@ from polar.harnesses.base import HarnessContext
 from polar.harnesses.install import default_prefix
 from polar.harnesses.registry import harness_for
 from polar.harnesses.runner import run_launch
-from polar.runtimes.base import Runtime
+from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.registry import create_runtime
 from polar.schemas.ids import path_segment
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
@@ -48,6 +49,8 @@ class NodeContext:
     store: CaptureStore
     sessions: SessionTable
     policy_version: Callable[[], int]
+    model_api: Callable[[str], AsgiApp] | None = None
+    """The session's model-API view for its runtimes (the sandbox reaches that, nothing else)."""
 
 
 def session_env(runtime: Runtime, session_id: str, task_id: str) -> dict[str, str]:
@@ -86,7 +89,7 @@ class RolloutWork:
     # -- INIT ------------------------------------------------------------------------------
 
     async def init(self) -> None:
-        self.runtime = create_runtime(self.task.runtime, self.session_dir, self._gateway_url())
+        self.runtime = self._new_runtime(self.session_dir)
         await self.runtime.start()
 
     # -- RUN -------------------------------------------------------------------------------
@@ -218,7 +221,12 @@ class RolloutWork:
     def _new_fresh(self) -> Runtime:
         index = len(list(self.session_dir.parent.glob(f"{self.session_dir.name}-eval*")))
         path = self.session_dir.with_name(f"{self.session_dir.name}-eval{index}")
-        return create_runtime(self.task.runtime, path, self._gateway_url())
+        return self._new_runtime(path)
+
+    def _new_runtime(self, session_dir: Path) -> Runtime:
+        """A runtime for this session whose sandbox reaches only the session's model API."""
+        view = self.ctx.model_api(self.session.session_id) if self.ctx.model_api else None
+        return create_runtime(self.task.runtime, session_dir, self._gateway_url(), model_api=view)
 
     async def abort(self) -> None:
         """Stop everything this session started (the runtime, a pre-warmed one)."""
