@@ -48,6 +48,7 @@ from polar.harnesses.registry import harnesses, side_call_tag
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
 from polar.providers.registry import ProviderSet
 from polar.providers.types import Completion, NormalizedRequest
+from polar.schemas.ids import is_valid_id
 
 log = logging.getLogger("polar.gateway")
 T = TypeVar("T")
@@ -101,22 +102,29 @@ class Proxy:
         )
         body: Any = None
         matched = self.providers.by_path(ctx)
-        provider: Provider | None = matched[0] if matched else None
+        # Until a bare path's body is read, its provider is what its headers say (errors take
+        # the caller's shape as far as it is known).
+        provider = matched[0] if matched else self.providers.by_headers(ctx)
         try:
+            if matched is None and (ctx.path not in _BARE_PATHS or request.method != "POST"):
+                raise NotFound(f"no model API at {request.method} {ctx.path}")
+            if matched is not None and request.method != "POST":
+                raise NotFound(f"{ctx.path} accepts POST only")
+            # The key before the body: an unknown caller's body is never read.
+            key = key or key_from_headers(ctx.headers, ctx.query)
+            session = self._known_session(key)
             raw = await self._read_body(request)
             if matched is None:
                 body = _loads(raw) if raw else None
                 provider = self.providers.fallback(ctx, lambda: body)
-                if provider is None or ctx.path not in _BARE_PATHS or request.method != "POST":
+                if provider is None:
                     raise NotFound(f"no model API at {request.method} {ctx.path}")
                 operation = "generate"
             else:
                 operation = matched[1]
-                if request.method != "POST":
-                    raise NotFound(f"{ctx.path} accepts POST only")
                 body = _loads(raw)
             assert provider is not None
-            session = await self._session(key or key_from_headers(ctx.headers, ctx.query))
+            session = session or await self._register(key)
             normalized = provider.parse_request(body, ctx)
             tag_side_call(session, normalized, ctx)
             if operation == COUNT_TOKENS:
@@ -144,21 +152,29 @@ class Proxy:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _session(self, key: str | None) -> GatewaySession:
+    def _known_session(self, key: str | None) -> GatewaySession | None:
+        """The key's session; None for a key ``auto_register`` will make one of (once the body
+        has been read and parsed); AuthenticationFailed for any other key, or none."""
         session = self.sessions.get(key)
         if session is not None:
-            return session
-        if key and self.config.auto_register:
-            session = self.sessions.add(
-                GatewaySession(session_id=key, metadata={"auto_registered": True})
-            )
-            await self.store.add_session(key, session.metadata)
             return session
         if not key:
             raise AuthenticationFailed(
                 "no session key: use /s/<session>/... or the session id as API key"
             )
+        if self.config.auto_register and is_valid_id(key):
+            return None
         raise AuthenticationFailed("unknown session key")
+
+    async def _register(self, key: str | None) -> GatewaySession:
+        assert key is not None
+        session = self.sessions.get(key)  # another call may have registered it meanwhile
+        if session is None:
+            session = self.sessions.add(
+                GatewaySession(session_id=key, metadata={"auto_registered": True})
+            )
+            await self.store.add_session(key, session.metadata)
+        return session
 
     async def _generate(
         self,
