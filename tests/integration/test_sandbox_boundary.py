@@ -1,5 +1,6 @@
-"""The sandbox boundary, live: a bubblewrap session dispatched through a real rollout server and
-gateway node tries every escape from inside, as a harness could. It reaches its own session's
+"""The sandbox boundary, live: a session dispatched through a real rollout server and gateway
+node tries every escape from inside, as a harness could, the same attempts from bubblewrap and
+from docker (on the locally built image, tests/images). It reaches its own session's
 model API and nothing else, runs unprivileged, and sees no host secret."""
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from images.local_image import IMAGE, docker_unready
 from integration.rollout_support.cluster import Cluster, start_cluster
 from polar.schemas.task import SessionResult, SessionStatus
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed"),
-]
+pytestmark = pytest.mark.slow
 
 ADMIN = "admin-secret"
 VICTIM = "victim-session-0001"
@@ -35,6 +34,13 @@ key = os.environ["OPENAI_API_KEY"]
 victim, rollout, node, admin = sys.argv[1:5]
 chat = {"model": "polar", "messages": [{"role": "user", "content": "hi"}]}
 messages = {"model": "polar", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+local_task = {
+    "task_id": "escaped",
+    "instruction": "x",
+    "runtime": {"kind": "local"},
+    "agent": {"harness": "shell", "settings": {"command": "touch /tmp/polar-escaped"}},
+}
+forged = {"session_id": key, "task_id": "escape", "status": "COMPLETED", "reward": 1.0}
 
 
 def http(method, url, body=None, headers=None):
@@ -79,6 +85,10 @@ report = {
     "node_status": http("GET", root + "/polar/node/status", headers=as_admin),
     "pause": http("POST", root + "/polar/pause", {}, as_admin),
     "rollout_server": http("GET", rollout + "/nodes", headers=as_admin),
+    "submit_direct": http("POST", rollout + "/tasks", local_task, as_admin),
+    "forged_result_direct": http("POST", rollout + "/results", forged, as_admin),
+    "submit_via_relay": http("POST", root + "/tasks", local_task, as_admin),
+    "forged_result_via_relay": http("POST", root + "/results", forged, as_admin),
     "node_direct": http("GET", node + "/polar/sessions", headers=as_admin),
     "uid": os.getuid(),
     "id_u": subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip(),
@@ -91,6 +101,17 @@ with open("report.json", "w") as out:
 """
 
 
+def runtime(kind: str, files: dict[str, str]) -> dict[str, Any]:
+    """The task's runtime of ``kind``, or a skip saying why it cannot run here."""
+    if kind == "bubblewrap":
+        if shutil.which("bwrap") is None:
+            pytest.skip("bubblewrap (bwrap) not installed")
+        return {"kind": "bubblewrap", "files": files}
+    if reason := docker_unready():
+        pytest.skip(reason)
+    return {"kind": "docker", "image": IMAGE, "files": files}
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     monkeypatch.setenv(MARKER, "the-node-host-environment")
@@ -99,7 +120,10 @@ def cluster(tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> 
     c.stop()
 
 
-def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(cluster: Cluster) -> None:
+@pytest.mark.parametrize("kind", ["bubblewrap", "docker"])
+def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(
+    cluster: Cluster, kind: str
+) -> None:
     node = cluster.nodes["a"]
     auth = {"authorization": f"Bearer {ADMIN}"}
     made = httpx.post(
@@ -112,7 +136,7 @@ def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(cluster:
         "instruction": "probe",
         "num_samples": 1,
         "timeout_seconds": 60,
-        "runtime": {"kind": "bubblewrap", "files": {"probe.py": PROBE}},
+        "runtime": runtime(kind, {"probe.py": PROBE}),
         "agent": {"harness": "shell", "settings": {"command": command}},
         "evaluator": {"strategy": "test_on_output", "config": {"command": "test -f report.json"}},
         "callback_url": cluster.receiver.url,
@@ -131,7 +155,7 @@ def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(cluster:
     for name in ("other_key_in_path", "other_key_in_bearer", "other_key_in_x_api_key"):
         assert refused.pop(name) == 403, name
     assert refused.pop("other_key_in_query") == 403
-    for name in ("rollout_server", "node_direct"):
+    for name in ("rollout_server", "submit_direct", "forged_result_direct", "node_direct"):
         assert str(refused.pop(name)).startswith("unreachable"), (name, report[name])
     assert refused.pop("shadow_readable") is False
     assert refused.pop("gshadow_readable") is False
@@ -146,3 +170,6 @@ def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(cluster:
     assert status["paused"] is False
     listed = httpx.get(f"{node.url}/polar/node/sessions", headers=auth, timeout=10).json()
     assert [s["session_id"] for s in listed] == [result.session_id]
+    tasks = httpx.get(f"{cluster.url}/tasks", headers=auth, timeout=10).json()
+    assert [t["task_id"] for t in tasks] == ["escape"]
+    assert not Path("/tmp/polar-escaped").exists()
