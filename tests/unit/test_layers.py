@@ -19,7 +19,7 @@ SRC = Path(polar.__file__).parent
 
 # Lowest first. A package may import packages of its own layer or of layers below.
 LAYERS: list[set[str]] = [
-    {"polar", "errors", "registry", "config_loader", "delivery", "extras", "schemas"},
+    {"polar", "errors", "registry", "config_loader", "delivery", "extras", "schemas", "serving"},
     {
         "providers",
         "rendering",

@@ -17,6 +17,7 @@ from polar.config_loader import load_config
 from polar.delivery import RetryPolicy
 from polar.rollout.app import create_rollout_app
 from polar.schemas.task import SessionStatus, TaskRequest, TaskResult
+from polar.serving import uvicorn_settings
 from polar.stack.topology import Topology
 
 DEFAULT_URL = "http://127.0.0.1:8200"
@@ -73,6 +74,7 @@ def serve_rollout(args: argparse.Namespace) -> int:
         port=config.port,
         log_level="warning",
         access_log=False,
+        **uvicorn_settings(config.limits),
     )
     return 0
 

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from polar.engines.embedded import EmbeddedEngineCore, create_app
+    from polar.serving import ServerLimits, uvicorn_settings
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,7 +66,14 @@ def run(args: argparse.Namespace) -> int:
         f"(logprobs: {args.logprobs_mode}, context: {core.max_model_len})"
     )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            **uvicorn_settings(ServerLimits()),
+        )
     finally:
         core.close()
     return 0

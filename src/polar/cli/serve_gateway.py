@@ -11,6 +11,7 @@ from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.serving import uvicorn_settings
 from polar.stack.topology import Topology
 
 
@@ -111,5 +112,12 @@ def run(args: argparse.Namespace) -> int:
         f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}, render: "
         f"{config.render.mode}); create a session: POST {config.base_url()}/polar/sessions"
     )
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+        **uvicorn_settings(config.limits),
+    )
     return 0

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import load_config
 from polar.engines.registry import EngineConfig
 from polar.schemas.ids import NodeId
+from polar.serving import ServerLimits
 
 
 class SamplingPolicy(BaseModel):
@@ -117,6 +118,10 @@ class GatewayConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     auto_register: bool = Field(False, description="Accept unknown keys as new sessions.")
     admin_token: str | None = Field(None, description="Required on admin routes when set.")
+    limits: ServerLimits = Field(
+        default_factory=ServerLimits,
+        description="Connections, header/body read time, keep-alive (see docs/configuration.md).",
+    )
     policy_version: int = 0
     node: NodeConfig | None = Field(
         None, description="Run the session lifecycle (a rollout node) beside the proxy."

@@ -8,6 +8,8 @@ from typing import Any
 
 import uvicorn
 
+from polar.serving import ServerLimits, uvicorn_settings
+
 
 class BackgroundServer:
     """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``)."""
@@ -19,6 +21,7 @@ class BackgroundServer:
         port: int = 0,
         log_level: str = "warning",
         loop: str = "auto",
+        limits: ServerLimits | None = None,
     ):
         # loop="asyncio": several servers in one process may then start subprocesses (uvloop
         # refuses to from two loops at once).
@@ -30,6 +33,7 @@ class BackgroundServer:
             access_log=False,
             lifespan="on",
             loop=loop,
+            **uvicorn_settings(limits or ServerLimits()),
         )
         self.server = uvicorn.Server(config)
         self.host = host

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.delivery import RetryPolicy
+from polar.serving import ServerLimits
 
 
 class RolloutServerConfig(BaseModel):
@@ -21,6 +22,10 @@ class RolloutServerConfig(BaseModel):
     port: int = Field(8200, ge=0, le=65535)
     public_url: str | None = Field(None, description="URL nodes use to reach this server.")
     data_dir: Path = Field(Path("polar-rollout"), description="SQLite state and result JSONL.")
+    limits: ServerLimits = Field(
+        default_factory=ServerLimits,
+        description="Connections, header/body read time, keep-alive (see docs/configuration.md).",
+    )
     admin_token: str | None = Field(
         None, description="When set, every route but /health needs it (nodes and trainers)."
     )
