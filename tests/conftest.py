@@ -48,9 +48,13 @@ class GatewayHarness:
         self.app = app
         self.base_url = server.url
         self.render_mode = "auto"
+        # The admin token the gateway made in its state dir; a header the model API ignores.
+        self.admin = {"x-polar-admin-token": app_services(app).admin_token or ""}
 
     def new_session(self, **metadata: Any) -> SessionHandle:
-        reply = httpx.post(f"{self.base_url}/polar/sessions", json={"metadata": metadata})
+        reply = httpx.post(
+            f"{self.base_url}/polar/sessions", json={"metadata": metadata}, headers=self.admin
+        )
         reply.raise_for_status()
         info = reply.json()
         return SessionHandle(key=info["api_key"], base_urls=info["base_urls"])

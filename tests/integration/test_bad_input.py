@@ -13,6 +13,7 @@ from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, Scri
 from polar.engines.vllm import VLLMEngine
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.gateway.services import app_services
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,12 @@ def gateway(tmp_path, tokenizer):
         engine = engine or ScriptedEngine(ScriptedBackend(Script(), tokenizer=tokenizer))
         store = CaptureStore(cfg.capture_db)
         app = create_app(cfg, engine=engine, store=store)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://gw",
+            # the admin token (made in tmp_path); the model API reads other headers for its key
+            headers={"x-polar-admin-token": app_services(app).admin_token or ""},
+        )
         return app, client, engine, store
 
     return build
@@ -186,14 +192,16 @@ async def test_streaming_request_errors_keep_the_provider_shape(gateway):
 
 async def test_admin_token_guards_admin_routes(gateway):
     _, client, *_ = gateway(admin_token="s3cret")
-    assert (await client.post("/polar/sessions", json={})).status_code == 401
+    anonymous = {"x-polar-admin-token": ""}
+    assert (await client.post("/polar/sessions", json={}, headers=anonymous)).status_code == 401
     reply = await client.post("/polar/sessions", json={}, headers={"x-polar-admin-token": "s3cret"})
     assert reply.status_code == 201
     key = reply.json()["session_id"]
     # The session key works for model calls but not for admin routes.
     assert (
         await client.get(
-            f"/polar/sessions/{key}/records", headers={"authorization": f"Bearer {key}"}
+            f"/polar/sessions/{key}/records",
+            headers={"authorization": f"Bearer {key}", **anonymous},
         )
     ).status_code == 401
     assert (await client.post(f"/s/{key}/v1/chat/completions", json=CHAT)).status_code == 200

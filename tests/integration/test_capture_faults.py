@@ -79,7 +79,8 @@ def gateway(tmp_path, tokenizer) -> Iterator[Any]:
         replies = [ScriptedReply(content=f"reply number {n}") for n in range(2000)]
         backend = FaultyBackend(Script(replies), tokenizer=tokenizer)
         store = CaptureStore(db, **store_options)
-        config = GatewayConfig(capture_db=db, **(config or {}))
+        # auth: loopback experiments' opt-out; these tests are about the store, not tokens
+        config = GatewayConfig(capture_db=db, auth=False, **(config or {}))
         app = create_app(config, engine=ScriptedEngine(backend), store=store)
         server = BackgroundServer(app).start()
         servers.append(server)
@@ -296,7 +297,7 @@ async def test_calls_survive_a_restart_and_records_page_and_report_a_corrupt_row
         )
     db = gw.store.path
     app = create_app(
-        GatewayConfig(capture_db=db),
+        GatewayConfig(capture_db=db, auth=False),
         store=CaptureStore(db),
         engine=ScriptedEngine(FaultyBackend(Script())),
     )

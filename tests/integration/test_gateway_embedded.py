@@ -20,6 +20,7 @@ async def test_embedded_engine_through_gateway_is_token_faithful(tmp_path):
     config = GatewayConfig(
         capture_db=tmp_path / "c.db",
         sampling=SamplingPolicy(temperature=1.0, seed=7, max_tokens=12),
+        auth=False,  # loopback experiments' opt-out: this test is about tokens of another kind
     )
     app = create_app(config, engine=engine)
     async with httpx.AsyncClient(

@@ -112,37 +112,51 @@ def test_duplicate_dispatch_starts_once_and_delete_cancels(cluster: Cluster) -> 
     node = cluster.nodes["a"]
     sid = "ps-duplicate-dispatch-test-0001"
     first = httpx.post(
-        f"{node.url}/polar/node/sessions", content=dispatch_body(sid), headers=JSON, timeout=10
+        f"{node.url}/polar/node/sessions",
+        content=dispatch_body(sid),
+        headers=JSON | node.headers(),
+        timeout=10,
     )
     again = httpx.post(
-        f"{node.url}/polar/node/sessions", content=dispatch_body(sid), headers=JSON, timeout=10
+        f"{node.url}/polar/node/sessions",
+        content=dispatch_body(sid),
+        headers=JSON | node.headers(),
+        timeout=10,
     )
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["session_id"] == sid
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        detail = httpx.get(f"{node.url}/polar/node/sessions/{sid}").json()
+        detail = httpx.get(f"{node.url}/polar/node/sessions/{sid}", headers=node.headers()).json()
         if detail["result"] is not None:
             break
         time.sleep(0.1)
     assert detail["result"]["status"] == "COMPLETED"
     assert len(node.store.records(sid)) == 2  # one run: one tool call, one final answer
-    listed = [s["session_id"] for s in httpx.get(f"{node.url}/polar/node/sessions").json()]
+    listed = [
+        s["session_id"]
+        for s in httpx.get(f"{node.url}/polar/node/sessions", headers=node.headers()).json()
+    ]
     assert listed.count(sid) == 1
 
     hung = "ps-cancel-me-test-000000000001"
     httpx.post(
         f"{node.url}/polar/node/sessions",
         content=dispatch_body(hung, AGENT_MODE="hang"),
-        headers=JSON,
+        headers=JSON | node.headers(),
         timeout=10,
     )
     deadline = time.monotonic() + 20
     while not node.store.records(hung) and time.monotonic() < deadline:
         time.sleep(0.05)  # wait for its first model call; then it hangs
     began = time.monotonic()
-    assert httpx.delete(f"{node.url}/polar/node/sessions/{hung}").status_code == 200
-    while (detail := httpx.get(f"{node.url}/polar/node/sessions/{hung}").json())["result"] is None:
+    assert (
+        httpx.delete(f"{node.url}/polar/node/sessions/{hung}", headers=node.headers()).status_code
+        == 200
+    )
+    while (
+        detail := httpx.get(f"{node.url}/polar/node/sessions/{hung}", headers=node.headers()).json()
+    )["result"] is None:
         time.sleep(0.05)
     assert time.monotonic() - began < 5
     assert detail["result"]["status"] == "ERROR" and detail["result"]["error"] == "cancelled"

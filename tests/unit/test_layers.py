@@ -19,7 +19,18 @@ SRC = Path(polar.__file__).parent
 
 # Lowest first. A package may import packages of its own layer or of layers below.
 LAYERS: list[set[str]] = [
-    {"polar", "errors", "registry", "config_loader", "delivery", "extras", "schemas", "serving"},
+    {
+        "polar",
+        "errors",
+        "registry",
+        "config_loader",
+        "delivery",
+        "extras",
+        "schemas",
+        "tokens",
+        "auth",
+        "serving",
+    },
     {
         "providers",
         "rendering",

@@ -267,9 +267,14 @@ def test_the_rollout_server_and_a_gateway_node_serve_without_the_extras(
     try:
         for url, proc in zip((rollout_url, gateway_url), servers, strict=True):
             _wait_healthy(url, proc)
-        _wait_until(lambda: any(n["healthy"] for n in httpx.get(f"{rollout_url}/nodes").json()))
+        # Nobody configured a token: each server made its own, 0600, in its state directory,
+        # and the node enrolled with the rollout server's (the same machine's file).
+        rollout = httpx.Client(base_url=rollout_url, headers=_bearer(tmp_path / "rollout"))
+        admin = _bearer(tmp_path / "node")
+        assert httpx.get(f"{rollout_url}/nodes").status_code == 401
+        _wait_until(lambda: any(n["healthy"] for n in rollout.get("/nodes").json()))
 
-        session = httpx.post(f"{gateway_url}/polar/sessions", json={}).json()
+        session = httpx.post(f"{gateway_url}/polar/sessions", json={}, headers=admin).json()
         chat = httpx.post(
             f"{session['base_urls']['openai']}/chat/completions",
             json={"model": "any", "messages": [{"role": "user", "content": "Capital of France?"}]},
@@ -289,11 +294,11 @@ def test_the_rollout_server_and_a_gateway_node_serve_without_the_extras(
                 "config": {"command": "grep -q Paris answer.txt"},
             },
         }
-        assert httpx.post(f"{rollout_url}/tasks", json=task).status_code == 201
+        assert rollout.post("/tasks", json=task).status_code == 201
         body: dict[str, Any] = {}
 
         def completed() -> bool:
-            body.update(httpx.get(f"{rollout_url}/tasks/capital").json())
+            body.update(rollout.get("/tasks/capital").json())
             return body["status"] == "COMPLETED"
 
         _wait_until(completed, timeout_s=60)
@@ -310,6 +315,12 @@ def test_the_rollout_server_and_a_gateway_node_serve_without_the_extras(
     log = (tmp_path / "gateway.log").read_text()
     assert "pip install 'polar[" in log  # render: auto fell back, and said which extra to add
     assert log.count("render: auto renders prompts in the engine") == 1
+
+
+def _bearer(state_dir: Path) -> dict[str, str]:
+    [token_file] = [p for p in state_dir.glob("*.token")]
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    return {"authorization": f"Bearer {token_file.read_text().strip()}"}
 
 
 def free_port() -> int:

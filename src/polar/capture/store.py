@@ -181,6 +181,7 @@ class CaptureStore:
         await asyncio.wrap_future(self.submit(("close", session_id)))
 
     async def delete_session(self, session_id: str) -> None:
+        """Drop a session's calls; its row stays, closed (a deleted id is never reopened)."""
         await asyncio.wrap_future(self.submit(("delete", session_id)))
 
     def submit(self, op: tuple[Any, ...]) -> Future[Any]:
@@ -319,22 +320,25 @@ class CaptureStore:
             )
             return None
         if kind == "close":
-            row = conn.execute(
-                "SELECT metadata FROM sessions WHERE session_id = ?", (op[1],)
-            ).fetchone()
-            if row is not None:
-                metadata = orjson.loads(row[0]) | {"closed": True}
-                conn.execute(
-                    "UPDATE sessions SET metadata = ? WHERE session_id = ?",
-                    (orjson.dumps(metadata), op[1]),
-                )
+            self._close(conn, op[1])
             return None
-        # delete
+        # delete: the calls go; the session's row stays, closed, so its id is never reused
         conn.execute("DELETE FROM completions WHERE session_id = ?", (op[1],))
-        conn.execute("DELETE FROM sessions WHERE session_id = ?", (op[1],))
+        self._close(conn, op[1])
         self._prefixes.forget(op[1])
         self._seq.pop(op[1], None)
         return None
+
+    def _close(self, conn: sqlite3.Connection, session_id: str) -> None:
+        row = conn.execute(
+            "SELECT metadata FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if row is not None:
+            metadata = orjson.loads(row[0]) | {"closed": True}
+            conn.execute(
+                "UPDATE sessions SET metadata = ? WHERE session_id = ?",
+                (orjson.dumps(metadata), session_id),
+            )
 
     def _insert_record(self, conn: sqlite3.Connection, enc: _Encoded) -> CaptureRecord:
         record = enc.record

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from rich.console import Console
@@ -16,11 +17,14 @@ from polar.client import RolloutClient, RolloutTimeout
 from polar.config_loader import load_config
 from polar.delivery import RetryPolicy
 from polar.rollout.app import create_rollout_app
+from polar.rollout.config import RolloutServerConfig
 from polar.schemas.task import SessionStatus, TaskRequest, TaskResult
 from polar.serving import uvicorn_settings
 from polar.stack.topology import Topology
+from polar.tokens import is_loopback, read_token
 
 DEFAULT_URL = "http://127.0.0.1:8200"
+DEFAULT_TOKEN_FILE = RolloutServerConfig().token_file()
 # `polar status` answers at once: one try, no retrying a server that is not there.
 _ONE_TRY = RetryPolicy(initial_s=0.1, max_s=0.1, deadline_s=0.1)
 
@@ -34,6 +38,12 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--host", help="bind address (default from the topology)")
     serve.add_argument("--port", type=int, help="port (default from the topology, 8200)")
     serve.add_argument("--data-dir", help="where task state and results are kept")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no tokens at all (loopback only, for experiments); default: the admin token is "
+        "rollout.admin_token, else made at first start in <data-dir>/rollout.token",
+    )
     serve.set_defaults(func=serve_rollout)
 
     submit = sub.add_parser("submit", help="submit a TaskRequest YAML to the rollout server")
@@ -54,8 +64,26 @@ def _client_args(p: argparse.ArgumentParser) -> None:
         "--url", default=os.environ.get("POLAR_ROLLOUT_URL", DEFAULT_URL), help="rollout server"
     )
     p.add_argument(
-        "--token", default=os.environ.get("POLAR_ROLLOUT_TOKEN"), help="rollout admin token"
+        "--token",
+        default=os.environ.get("POLAR_ROLLOUT_TOKEN"),
+        help="rollout admin token (default: $POLAR_ROLLOUT_TOKEN, else --token-file)",
     )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=Path(os.environ.get("POLAR_ROLLOUT_TOKEN_FILE", DEFAULT_TOKEN_FILE)),
+        help="read the admin token from this file when --token is not given and the server "
+        "is on this machine",
+    )
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else the token file a server on this machine made (the default data dir's)."""
+    if args.token:
+        return str(args.token)
+    if is_loopback(urlsplit(args.url).hostname or ""):
+        return read_token(args.token_file)
+    return None
 
 
 def serve_rollout(args: argparse.Namespace) -> int:
@@ -65,11 +93,18 @@ def serve_rollout(args: argparse.Namespace) -> int:
         for name, value in (("host", args.host), ("port", args.port), ("data_dir", args.data_dir))
         if value is not None
     }
+    if args.no_auth:
+        updates["auth"] = False
     config = topology.rollout_config().model_copy(update=updates)
     nodes = ", ".join(n.id for n in topology.nodes) or "none yet (nodes register themselves)"
+    app = create_rollout_app(config)
     print(f"Polar rollout server on {config.base_url()} (nodes: {nodes}; data: {config.data_dir})")
+    if not config.auth:
+        print("auth is OFF: any process on this machine may drive this server")
+    elif not config.admin_token:
+        print(f"admin token (clients, and nodes enrolling): {config.token_file()}")
     uvicorn.run(
-        create_rollout_app(config),
+        app,
         host=config.host,
         port=config.port,
         log_level="warning",
@@ -87,7 +122,7 @@ def load_task(path: str | Path) -> TaskRequest:
 def submit_task(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     console = Console()
-    with RolloutClient(args.url, token=args.token) as client:
+    with RolloutClient(args.url, token=_token(args)) as client:
         summary = client.submit(task)
         console.print(f"submitted [bold]{summary.task_id}[/bold]: {summary.num_samples} sessions")
         if not args.wait:
@@ -143,7 +178,7 @@ def _print_results(console: Console, result: TaskResult) -> None:
 
 def show_status(args: argparse.Namespace) -> int:
     console = Console()
-    with RolloutClient(args.url, token=args.token, retry=_ONE_TRY) as client:
+    with RolloutClient(args.url, token=_token(args), retry=_ONE_TRY) as client:
         status = client.status()
         tasks = client.tasks()
         sessions = client.sessions(args.task_id) if args.task_id else []

@@ -51,7 +51,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--capture-db", help="SQLite capture store path")
     p.add_argument("--auto-register", action="store_true", help="accept unknown keys as sessions")
-    p.add_argument("--admin-token", help="token required on /polar admin routes")
+    p.add_argument(
+        "--admin-token",
+        help="token /polar/* routes need (default: made at first start in gateway.token beside "
+        "the capture db)",
+    )
+    p.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no admin token at all (loopback only, for experiments)",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,6 +80,8 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
             updates[name] = value
     if args.auto_register:
         updates["auto_register"] = True
+    if args.no_auth:
+        updates["auth"] = False
     if args.max_tokens is not None:
         updates["sampling"] = config.sampling.model_copy(update={"max_tokens": args.max_tokens})
     render = {
@@ -112,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}, render: "
         f"{config.render.mode}); create a session: POST {config.base_url()}/polar/sessions"
     )
+    if not config.auth:
+        print("auth is OFF: any process on this machine may drive this gateway")
+    elif not config.admin_token:
+        print(f"admin token (/polar/*, /docs): {config.token_file()}")
     uvicorn.run(
         app,
         host=config.host,

@@ -322,7 +322,15 @@ def _refusal(answer: httpx.Response | None, doing: str, url: str) -> RolloutErro
         detail = answer.json().get("detail", answer.text)
     except ValueError:
         detail = answer.text
-    return RolloutError(f"rollout server answered HTTP {answer.status_code} {doing}: {detail}")
+    hint = ""
+    if answer.status_code == 401:
+        hint = (
+            " (send the server's admin token: token=..., `polar submit --token`, or "
+            "POLAR_ROLLOUT_TOKEN; a server made one at first start in <data_dir>/rollout.token)"
+        )
+    return RolloutError(
+        f"rollout server answered HTTP {answer.status_code} {doing}: {detail}{hint}"
+    )
 
 
 _TASKS: TypeAdapter[list[TaskSummary]] = TypeAdapter(list[TaskSummary])

@@ -7,12 +7,11 @@ raw Starlette endpoint to keep its per-request overhead small.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,21 +53,9 @@ class PauseRequest(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
 
 
-def require_admin(
-    request: Request,
-    authorization: str | None = Header(None),
-    x_polar_admin_token: str | None = Header(None),
-) -> None:
-    """When an admin token is configured, admin routes need it (Bearer or x-polar-admin-token)."""
-    token = services(request).config.admin_token
-    if not token:
-        return
-    given = x_polar_admin_token or (authorization or "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(status_code=401, detail="admin token required")
-
-
-router = APIRouter(prefix="/polar", dependencies=[Depends(require_admin)], tags=["admin"])
+# The admin token is checked before a request reaches these routes (TokenGuard in app.py),
+# before its body is read.
+router = APIRouter(prefix="/polar", tags=["admin"])
 
 
 def _info(request: Request, session: GatewaySession, calls: int) -> SessionInfo:
@@ -95,6 +82,10 @@ async def create_session(request: Request, spec: CreateSession) -> SessionInfo:
     session_id = spec.session_id or new_session_id()
     if sessions.get(session_id) is not None:
         raise HTTPException(status_code=409, detail=f"session {session_id!r} exists")
+    if sessions.is_closed(session_id):
+        raise HTTPException(
+            status_code=409, detail=f"session {session_id!r} was closed; it is never reopened"
+        )
     try:
         await services(request).store.add_session(session_id, spec.metadata)
     except CaptureError as exc:  # the store cannot write now (full, locked): say so

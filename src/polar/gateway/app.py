@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from polar import __version__
+from polar.auth import OPEN, TokenGuard, same_secret
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
 from polar.engines.registry import create_engine
@@ -22,6 +23,9 @@ from polar.gateway.proxy import Proxy, json_response
 from polar.gateway.rendering import require_render_extra
 from polar.gateway.services import GatewayServices
 from polar.gateway.sessions import GatewaySession, SessionTable
+from polar.tokens import require_auth_off_loopback, token_from_file
+
+log = logging.getLogger("polar.gateway")
 
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -36,9 +40,18 @@ def create_app(
     require_render_extra(config.render)
     engine = engine or create_engine(config.engine)
     store = store or CaptureStore(config.capture_db, synchronous=config.capture_synchronous)
+    admin_token = _admin_token(config)
     sessions = SessionTable()
+    # A node's sessions of an earlier life cannot resume (their runtimes are gone): they are
+    # closed now, and their keys answer 401 from the first request on.
+    orphans = []
     for session_id, metadata in store.sessions().items():
-        if not metadata.get("closed"):
+        if metadata.get("closed"):
+            sessions.remove(session_id)
+        elif config.node is not None:
+            sessions.remove(session_id)
+            orphans.append(session_id)
+        else:
             sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
     gate = GenerationGate()
     proxy = Proxy(config, engine, store, sessions, gate)
@@ -50,7 +63,9 @@ def create_app(
         try:
             await proxy.facts()
         except (EngineUnavailable, EngineTimeout) as exc:
-            logging.getLogger("polar.gateway").warning("engine not reachable yet: %s", exc)
+            log.warning("engine not reachable yet: %s", exc)
+        for session_id in orphans:
+            await store.close_session(session_id)
         node = gateway.node
         if node is not None:
             await node.start()
@@ -61,8 +76,23 @@ def create_app(
         store.close()
 
     app = FastAPI(title="Polar gateway", version=__version__, lifespan=lifespan)
-    gateway = GatewayServices(config, engine, store, sessions, gate, proxy)
+    gateway = GatewayServices(config, engine, store, sessions, gate, proxy, admin_token)
     app.state.services = gateway
+    docs = {app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url}
+
+    def authorize(path: str, token: str | None) -> str | None:
+        """/polar/* and the docs need the admin token (the node API also takes the credential
+        this node's rollout server holds); /health and the model API (keyed by session) not."""
+        if admin_token is None or not (path.startswith("/polar") or path in docs):
+            return OPEN
+        if same_secret(token, admin_token):
+            return "admin"
+        node = gateway.node
+        if path.startswith("/polar/node/") and node is not None and node.accepts(token):
+            return "rollout"
+        return None
+
+    app.add_middleware(TokenGuard, authorize=authorize, realm="the gateway's admin token")
     app.include_router(admin.router)
     if config.node is not None:
         # Only a rollout node loads the runtime / harness / evaluator stack.
@@ -88,3 +118,23 @@ def create_app(
 
     app.add_route("/{path:path}", model_api, methods=_ALL_METHODS, include_in_schema=False)
     return app
+
+
+def _admin_token(config: GatewayConfig) -> str | None:
+    """The configured admin token, else the one kept in ``config.token_file()`` (made at first
+    start); None when auth is turned off (loopback only)."""
+    require_auth_off_loopback(
+        config.host,
+        auth=config.auth,
+        what="gateway",
+        how="the gateway then makes an admin token (or set admin_token / --admin-token).",
+    )
+    if not config.auth:
+        log.warning("gateway auth is OFF (auth: false): any local process may drive it")
+        return None
+    if config.admin_token:
+        return config.admin_token
+    path = config.token_file()
+    token = token_from_file(path)
+    log.info("gateway admin token: %s", path)
+    return token

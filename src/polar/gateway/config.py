@@ -11,6 +11,7 @@ from polar.config_loader import load_config
 from polar.engines.registry import EngineConfig
 from polar.schemas.ids import NodeId
 from polar.serving import ServerLimits
+from polar.tokens import GATEWAY_TOKEN_FILE
 
 
 class SamplingPolicy(BaseModel):
@@ -48,7 +49,16 @@ class NodeConfig(BaseModel):
     queue_limit: int = Field(256, ge=1, description="Unfinished sessions accepted before 429.")
     work_dir: Path = Field(Path("polar-sessions"), description="Per-session directories.")
     rollout_url: str | None = Field(None, description="Register, heartbeat and report here.")
-    rollout_token: str | None = Field(None, description="The rollout server's admin token.")
+    rollout_token: str | None = Field(
+        None,
+        description="The enrolment secret this node registers with: the rollout server's "
+        "enrolment_secret or its admin token. Once registered, the node uses its own credential.",
+    )
+    rollout_token_file: Path | None = Field(
+        None,
+        description="Read the enrolment secret from this file when rollout_token is not set "
+        "(a rollout server on this machine keeps its admin token in <data_dir>/rollout.token).",
+    )
     heartbeat_s: float = Field(2.0, gt=0)
     report_backoff_max_s: float = Field(10.0, gt=0, description="Result delivery backoff cap.")
     keep_finished: int = Field(4096, ge=0, description="Finished sessions kept for GET.")
@@ -117,7 +127,16 @@ class GatewayConfig(BaseModel):
     store_raw_requests: bool = Field(True, description="Keep each provider-native request body.")
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     auto_register: bool = Field(False, description="Accept unknown keys as new sessions.")
-    admin_token: str | None = Field(None, description="Required on admin routes when set.")
+    admin_token: str | None = Field(
+        None,
+        description="The token /polar/* (admin and node API), /docs and /openapi.json need; "
+        "default: made at first start and kept 0600 in gateway.token beside capture_db.",
+    )
+    auth: bool = Field(
+        True,
+        description="false: no admin token at all, for experiments on a loopback host only "
+        "(refused on any other host).",
+    )
     limits: ServerLimits = Field(
         default_factory=ServerLimits,
         description="Connections, header/body read time, keep-alive (see docs/configuration.md).",
@@ -134,6 +153,10 @@ class GatewayConfig(BaseModel):
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    def token_file(self) -> Path:
+        """Where the gateway keeps the admin token it made (when none is configured)."""
+        return self.capture_db.parent / GATEWAY_TOKEN_FILE
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> GatewayConfig:

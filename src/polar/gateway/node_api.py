@@ -3,16 +3,17 @@
 Dispatch is idempotent by session id: a repeat (the server retrying after a lost acknowledgement)
 returns the session as it stands and never starts it twice. A session id this node saw in an
 earlier life (its capture store knows it) is refused with 409 for the same reason. All routes
-need the gateway's admin token when one is configured.
+need the gateway's admin token or the credential the rollout server issued to this node.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
-from polar.gateway.admin import require_admin
+from polar.auth import same_secret
 from polar.gateway.config import NodeConfig
 from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFull
+from polar.gateway.model_api_view import model_api_views
 from polar.gateway.node_client import NodeClient
 from polar.gateway.services import GatewayServices, services
 from polar.gateway.session_work import NodeContext, RolloutWork, register_session
@@ -48,8 +49,21 @@ class GatewayNode:
             node_url=gateway.config.base_url(),
         )
         self.client = (
-            NodeClient(config, self.status, self._session_statuses) if config.rollout_url else None
+            NodeClient(config, self.status, self._session_statuses, retire=self._retire)
+            if config.rollout_url
+            else None
         )
+
+    def accepts(self, token: str | None) -> bool:
+        """Whether ``token`` is the credential this node's rollout server calls it with."""
+        return self.client is not None and same_secret(token, self.client.credential)
+
+    def _retire(self, session_ids: list[str]) -> None:
+        """The rollout server already finished these sessions without this node (it declared
+        the node dead): stop them, and their keys stop working."""
+        for session_id in session_ids:
+            self.lifecycle.cancel(session_id)
+            self.gateway.sessions.remove(session_id)
 
     async def start(self) -> None:
         # The URL may only be known now (port 0 resolved at bind time).
@@ -83,7 +97,9 @@ def _node(request: Request) -> GatewayNode:
     return node
 
 
-router = APIRouter(prefix="/polar/node", dependencies=[Depends(require_admin)], tags=["node"])
+# The token is checked before a request reaches these routes (TokenGuard in app.py): the
+# gateway's admin token, or the credential the rollout server issued to this node.
+router = APIRouter(prefix="/polar/node", tags=["node"])
 
 
 @router.post(
@@ -112,7 +128,7 @@ async def dispatch_session(
         session, created = lifecycle.dispatch(dispatch)
     except (AlreadyRan, NodeDraining, NodeFull) as exc:
         if lifecycle.get(dispatch.session_id) is None:
-            node.ctx.sessions.remove(dispatch.session_id)
+            node.ctx.sessions.forget(dispatch.session_id)
         raise _refusal(exc) from exc
     response.status_code = 201 if created else 200
     return session.info()
@@ -167,6 +183,7 @@ def attach_lifecycle(app: FastAPI, gateway: GatewayServices, config: NodeConfig)
     """Add the node API and lifecycle to a gateway app (call before the catch-all proxy route);
     the node goes in ``gateway.node``."""
     node = GatewayNode(gateway, config)
+    node.ctx.model_api = model_api_views(app)
     gateway.node = node
     app.include_router(router)
     return node

@@ -3,6 +3,10 @@
 Results are delivered with retry and exponential backoff until the rollout server acknowledges
 them (it dedupes by session id, so a retry after a lost acknowledgement is harmless). Until then
 the session stays in every heartbeat, so a server that restarted knows the node still owes it.
+
+The node enrols with an enrolment secret (``rollout_token``, or the file ``rollout_token_file``)
+and the server answers with this node's own credential, which every later call carries. The
+credential is kept 0600 in the node's work_dir, so a restarted node registers its id again.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import httpx
 from pydantic import ValidationError
@@ -24,6 +29,7 @@ from polar.schemas.node import (
     Registered,
 )
 from polar.schemas.task import SessionResult, SessionStatus
+from polar.tokens import NODE_CREDENTIAL_FILE, read_token, write_token
 
 log = logging.getLogger("polar.gateway.node")
 
@@ -41,6 +47,8 @@ class NodeClient:
         status: Callable[[], NodeStatus],
         sessions: Callable[[], dict[str, SessionStatus]],
         client: httpx.AsyncClient | None = None,
+        *,
+        retire: Callable[[list[str]], None] | None = None,
     ) -> None:
         if not config.rollout_url:
             raise ValueError("NodeClient needs node.rollout_url")
@@ -49,8 +57,9 @@ class NodeClient:
         self.status = status
         self.sessions = sessions
         self.client = client or httpx.AsyncClient()
-        token = config.rollout_token
-        self.headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.retire = retire
+        self.credential_file = Path(config.work_dir) / NODE_CREDENTIAL_FILE
+        self.credential = read_token(self.credential_file)
         self.registered = asyncio.Event()
         self._undelivered: dict[str, SessionResult] = {}
         self._deliveries: dict[str, asyncio.Task[None]] = {}
@@ -69,6 +78,23 @@ class NodeClient:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.client.aclose()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        token = self.credential or self._enrolment_secret()
+        return {"authorization": f"Bearer {token}"} if token else {}
+
+    def _enrolment_secret(self) -> str | None:
+        if self.config.rollout_token:
+            return self.config.rollout_token
+        if self.config.rollout_token_file is not None:
+            return read_token(self.config.rollout_token_file)
+        return None
+
+    def _keep_credential(self, credential: str) -> None:
+        if credential != self.credential:
+            self.credential = credential
+            write_token(self.credential_file, credential)
 
     def report(self) -> NodeReport:
         sessions = self.sessions()
@@ -93,7 +119,6 @@ class NodeClient:
     async def _deliver(self, result: SessionResult) -> None:
         body = result.model_dump_json()
         headers = {
-            **self.headers,
             "content-type": "application/json",
             IDEMPOTENCY_HEADER: result.session_id,
         }
@@ -113,14 +138,17 @@ class NodeClient:
     ) -> Outcome:
         try:
             reply = await self.client.post(
-                f"{self.url}/results", content=body, headers=headers, timeout=timeout_s
+                f"{self.url}/results",
+                content=body,
+                headers={**self.headers, **headers},
+                timeout=timeout_s,
             )
         except httpx.HTTPError as exc:
             log.info("result of %s not delivered (%r); retrying", session_id, exc)
             return Outcome.RETRY
         if reply.is_success:
             return Outcome.DELIVERED
-        if reply.status_code in (404, 422):  # an unknown session, an invalid result: for good
+        if reply.status_code in (403, 404, 422):  # not this node's, unknown, invalid: for good
             log.error(
                 "rollout server refused the result of %s: HTTP %d %s",
                 session_id,
@@ -169,10 +197,28 @@ class NodeClient:
             )
             if reply.status_code == 404 and path != _REGISTER:
                 return Outcome.REFUSED
+            if reply.status_code == 401 and path == _REGISTER and self.credential:
+                # The server does not know this credential (its state was wiped): enrol anew.
+                log.warning("rollout server %s refused this node's credential", self.url)
+                self.credential = None
+                return Outcome.RETRY
+            if reply.status_code in (401, 403):
+                log.error(
+                    "rollout server %s refused node %s: HTTP %d %s (set node.rollout_token to "
+                    "its enrolment secret)",
+                    self.url,
+                    self.config.node_id,
+                    reply.status_code,
+                    reply.text[:300],
+                )
             reply.raise_for_status()
             answer = Registered.model_validate_json(reply.content)
         except (httpx.HTTPError, ValidationError) as exc:
             log.warning("rollout server %s: %r; retrying", self.url, exc)
             return Outcome.RETRY
+        if answer.credential:
+            self._keep_credential(answer.credential)
+        if answer.retired and self.retire is not None:
+            self.retire(answer.retired)
         self._interval = min(self.config.heartbeat_s, max(answer.heartbeat_s, _MIN_INTERVAL_S))
         return Outcome.DELIVERED

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class GatewayServices:
-    """Everything the gateway's routes share; ``node`` is set on a rollout node only."""
+    """Everything the gateway's routes share; ``admin_token`` is None only with auth turned
+    off; ``node`` is set on a rollout node only."""
 
     config: GatewayConfig
     engine: Engine
@@ -33,6 +34,7 @@ class GatewayServices:
     sessions: SessionTable
     gate: GenerationGate
     proxy: Proxy
+    admin_token: str | None = None
     node: GatewayNode | None = None
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.errors import AuthenticationFailed
+
 SESSION_PREFIX = "/s/"
 
 
@@ -50,20 +52,38 @@ def base_urls(gateway_url: str, session_id: str) -> dict[str, str]:
     }
 
 
+class SessionClosed(AuthenticationFailed):
+    """The session was closed; its id never names a live session again (HTTP 401)."""
+
+
 class SessionTable:
-    """In-memory view of live sessions (the capture store keeps them durably)."""
+    """In-memory view of live sessions (the capture store keeps them durably), and the ids of
+    closed ones, which can never be added again."""
 
     def __init__(self) -> None:
         self._sessions: dict[str, GatewaySession] = {}
+        self._closed: set[str] = set()
 
     def add(self, session: GatewaySession) -> GatewaySession:
+        """Raises SessionClosed for the id of a closed session."""
+        if session.session_id in self._closed:
+            raise SessionClosed(f"session {session.session_id!r} is closed")
         self._sessions[session.session_id] = session
         return session
 
     def get(self, session_id: str | None) -> GatewaySession | None:
         return self._sessions.get(session_id) if session_id else None
 
+    def is_closed(self, session_id: str) -> bool:
+        return session_id in self._closed
+
     def remove(self, session_id: str) -> GatewaySession | None:
+        """Close a session: its key stops working and its id cannot be added again."""
+        self._closed.add(session_id)
+        return self._sessions.pop(session_id, None)
+
+    def forget(self, session_id: str) -> GatewaySession | None:
+        """Drop a session that never started (its dispatch was refused): not closed."""
         return self._sessions.pop(session_id, None)
 
     def all(self) -> list[GatewaySession]:

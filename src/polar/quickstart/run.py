@@ -224,7 +224,7 @@ def _roll_out(
         stack.start()
         console.print(f"rollout server {stack.rollout_url} · gateway node {stack.gateway_url}")
         submitted: list[str] = []
-        with RolloutClient(stack.rollout_url) as client:
+        with RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
             try:
                 for request in requests:
                     client.submit(request)

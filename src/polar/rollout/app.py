@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import Field
 
 from polar import __version__
+from polar.auth import OPEN, TokenGuard
+from polar.rollout.access import ADMIN, NodeCaller
 from polar.rollout.config import RolloutServerConfig
-from polar.rollout.service import RolloutService
+from polar.rollout.service import CallbackRefused, RolloutService
 from polar.rollout.store import TaskConflict
 from polar.schemas.ids import NodeId, TaskId
 from polar.schemas.node import NodeReport, Registered
@@ -23,6 +25,7 @@ from polar.schemas.rollout import NodeView, ResultAck, SessionView, TaskSummary
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
 
 MAX_SAMPLES_PER_TASK = 10_000
+log = logging.getLogger("polar.rollout")
 
 
 class TaskSubmission(TaskRequest):
@@ -42,30 +45,25 @@ def _service(request: Request) -> RolloutService:
     return service
 
 
-def require_token(
-    request: Request,
-    authorization: str | None = Header(None),
-    x_polar_admin_token: str | None = Header(None),
-) -> None:
-    """With ``rollout.admin_token`` set, callers (trainers and nodes) must present it."""
-    token = _service(request).config.admin_token
-    if not token:
-        return
-    given = x_polar_admin_token or (authorization or "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(status_code=401, detail="admin token required")
+def _caller(request: Request) -> Any:
+    """Who TokenGuard admitted: OPEN (auth off), ADMIN, ENROL or a NodeCaller."""
+    return request.state.principal
 
 
-router = APIRouter(dependencies=[Depends(require_token)])
+# Every route but /health needs a token, checked before the body is read (TokenGuard, below);
+# the node routes then check which node is calling.
+router = APIRouter()
 
 
-@router.post("/tasks", status_code=201, tags=["tasks"], responses={409: {}})
+@router.post("/tasks", status_code=201, tags=["tasks"], responses={409: {}, 422: {}})
 async def submit_task(request: Request, task: TaskSubmission) -> TaskSummary:
     """Expand ``task`` into ``num_samples`` sessions; 409 while a task with its id runs."""
     try:
         return await _service(request).submit(TaskRequest(**dict(task)))
     except TaskConflict as exc:
         raise HTTPException(status_code=409, detail=f"task {exc} is still running") from exc
+    except CallbackRefused as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from exc
 
 
 @router.get("/tasks", tags=["tasks"])
@@ -129,14 +127,30 @@ async def events(
     )
 
 
-@router.post("/nodes/register", tags=["nodes"])
+@router.post("/nodes/register", tags=["nodes"], responses={403: {}})
 async def register_node(request: Request, report: NodeReport) -> Registered:
-    return await _service(request).register(report)
+    """Enrol a node (with the enrolment secret or admin token: the answer carries its own
+    credential), or register it again after a restart (with that credential). A live node's
+    id can be registered again only with its credential."""
+    service = _service(request)
+    caller = _caller(request)
+    node_id = report.status.node_id
+    if isinstance(caller, NodeCaller):
+        if caller.node_id != node_id:
+            raise _forbidden(f"this credential is node {caller.node_id!r}'s, not {node_id!r}'s")
+        credential = caller.credential
+    elif caller == OPEN or not service.nodes.live(node_id):
+        credential = await asyncio.to_thread(service.access.issue, node_id)
+    else:
+        log.warning("refused to register live node %r again without its credential", node_id)
+        raise _forbidden(f"node {node_id!r} is live: registering it again needs its credential")
+    return await service.register(report, credential)
 
 
-@router.post("/nodes/{node_id}/heartbeat", tags=["nodes"], responses={404: {}, 409: {}})
+@router.post("/nodes/{node_id}/heartbeat", tags=["nodes"], responses={403: {}, 404: {}, 409: {}})
 async def heartbeat(request: Request, node_id: NodeId, report: NodeReport) -> Registered:
     """404 tells the node to register again (the server restarted or declared it dead)."""
+    _require_node(request, node_id)
     if report.status.node_id != node_id:
         raise HTTPException(status_code=409, detail="node id in path and body differ")
     answer = await _service(request).heartbeat(report)
@@ -145,12 +159,27 @@ async def heartbeat(request: Request, node_id: NodeId, report: NodeReport) -> Re
     return answer
 
 
-@router.post("/nodes/{node_id}/drain", tags=["nodes"], responses={404: {}})
+@router.post("/nodes/{node_id}/drain", tags=["nodes"], responses={403: {}, 404: {}})
 async def drain_node(request: Request, node_id: NodeId) -> NodeView:
+    """Drain a node: the operator (admin token) or the node itself."""
+    if _caller(request) != ADMIN:
+        _require_node(request, node_id)
     service = _service(request)
     if await service.drain(node_id) is None:
         raise HTTPException(status_code=404, detail=f"unknown node {node_id!r}")
     return next(v for v in service.node_views() if v.node_id == node_id)
+
+
+def _require_node(request: Request, node_id: str) -> None:
+    """Only ``node_id`` itself, with its credential (or anyone, with auth off)."""
+    caller = _caller(request)
+    if caller == OPEN or (isinstance(caller, NodeCaller) and caller.node_id == node_id):
+        return
+    raise _forbidden(f"only node {node_id!r} itself, with its credential, may do this")
+
+
+def _forbidden(detail: str) -> HTTPException:
+    return HTTPException(status_code=403, detail=detail)
 
 
 @router.get("/nodes", tags=["nodes"])
@@ -158,11 +187,29 @@ async def list_nodes(request: Request) -> list[NodeView]:
     return _service(request).node_views()
 
 
-@router.post("/results", tags=["nodes"], responses={404: {}})
+@router.post("/results", tags=["nodes"], responses={403: {}, 404: {}})
 async def post_result(request: Request, result: FinalResult) -> ResultAck:
-    """A node's final SessionResult; a repeat for the same session is acknowledged, not applied."""
+    """A node's final SessionResult; a repeat for the same session is acknowledged, not applied.
+    Only the node the session was dispatched to may post it (403 for anyone else, logged)."""
+    service = _service(request)
+    caller = _caller(request)
+    if caller != OPEN:
+        row = await asyncio.to_thread(service.store.session, result.session_id)
+        if row is None:
+            raise HTTPException(status_code=404, detail=f"unknown session {result.session_id!r}")
+        sender = caller.node_id if isinstance(caller, NodeCaller) else caller
+        if sender != row.node_id or result.task_id != row.task_id:
+            log.warning(
+                "refused a result for session %s (task %s) from %s: dispatched to %s",
+                result.session_id,
+                row.task_id,
+                sender,
+                row.node_id,
+            )
+            raise _forbidden(f"session {result.session_id!r} was not dispatched to this caller")
+        result = result.model_copy(update={"node_id": row.node_id})
     try:
-        accepted = await _service(request).accept_result(SessionResult(**dict(result)))
+        accepted = await service.accept_result(SessionResult(**dict(result)))
     except KeyError as exc:
         raise HTTPException(status_code=404, detail=f"unknown session {exc}") from exc
     return ResultAck(session_id=result.session_id, accepted=accepted, duplicate=not accepted)
@@ -188,6 +235,9 @@ def create_rollout_app(
     app = FastAPI(title="Polar rollout server", version=__version__, lifespan=lifespan)
     app.state.service = service
     app.include_router(router)
+    app.add_middleware(
+        TokenGuard, authorize=service.access.authorize, realm="the rollout server's token"
+    )
 
     @app.get("/health", tags=["admin"])
     async def health() -> dict[str, Any]:

@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.delivery import RetryPolicy
 from polar.serving import ServerLimits
+from polar.tokens import ROLLOUT_TOKEN_FILE
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class RolloutServerConfig(BaseModel):
@@ -27,7 +30,25 @@ class RolloutServerConfig(BaseModel):
         description="Connections, header/body read time, keep-alive (see docs/configuration.md).",
     )
     admin_token: str | None = Field(
-        None, description="When set, every route but /health needs it (nodes and trainers)."
+        None,
+        description="The token every route but /health needs (trainers, the CLI, operators); "
+        "default: made at first start and kept 0600 in <data_dir>/rollout.token. It also "
+        "enrols nodes unless enrolment_secret is set.",
+    )
+    enrolment_secret: str | None = Field(
+        None,
+        description="A secret that lets a node register (and nothing else); each node then "
+        "gets its own credential for its heartbeats, results and drain.",
+    )
+    auth: bool = Field(
+        True,
+        description="false: no tokens at all, for experiments on a loopback host only "
+        "(refused on any other host).",
+    )
+    callback_hosts: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_HOSTS),
+        description="Hosts a task's callback_url may name (exact host names or addresses); "
+        "a task naming any other host is refused at submit. Default: loopback only.",
     )
     heartbeat_timeout_s: float = Field(
         6.0, gt=0, description="A node silent this long gets no new sessions."
@@ -47,6 +68,10 @@ class RolloutServerConfig(BaseModel):
         default_factory=dict,
         description="Per-node admin tokens for calls to nodes (topology: nodes[].admin_token).",
     )
+
+    def token_file(self) -> Path:
+        """Where the server keeps the admin token it made (when none is configured)."""
+        return self.data_dir / ROLLOUT_TOKEN_FILE
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -23,6 +23,7 @@ class NodeRecord:
     drain_requested: bool = False
     dead: bool = False
     load: NodeLoad | None = None
+    credential: str | None = None  # what the server calls the node with
 
     @property
     def url(self) -> str | None:
@@ -53,6 +54,7 @@ class NodeRegistry:
         previous = self._nodes.get(status.node_id)
         if previous is not None and not previous.dead:
             record.drain_requested = previous.drain_requested
+            record.credential = previous.credential
         record.load = _load(status)
         self._nodes[status.node_id] = record
         return record
@@ -105,6 +107,11 @@ class NodeRegistry:
                 record.dead = True
                 newly_dead.append(record.node_id)
         return newly_dead
+
+    def live(self, node_id: str) -> bool:
+        """Registered in this server's life and not declared dead."""
+        record = self._nodes.get(node_id)
+        return record is not None and record.status is not None and not record.dead
 
     def get(self, node_id: str) -> NodeRecord | None:
         return self._nodes.get(node_id)

@@ -22,11 +22,13 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 
 from polar.delivery import Outcome, deliver
+from polar.rollout.access import Access
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
@@ -37,6 +39,7 @@ from polar.schemas.ids import new_session_id
 from polar.schemas.node import NodeReport, NodeSessionInfo, Registered, SessionDispatch
 from polar.schemas.rollout import CallbackState, EventKind, NodeView, SessionView, TaskSummary
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
+from polar.tokens import require_auth_off_loopback, token_from_file
 
 log = logging.getLogger("polar.rollout")
 
@@ -55,6 +58,7 @@ class RolloutService:
     ) -> None:
         self.config = config
         self.store = RolloutStore(self.config.data_dir)
+        self.access = Access(self.store, _admin_token(config), config.enrolment_secret)
         self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
         self.events = EventBus()
         self.client = client or httpx.AsyncClient()
@@ -79,7 +83,10 @@ class RolloutService:
         for row in await asyncio.to_thread(self.store.pending_callbacks):
             url = self._request(row.task_id).callback_url
             if url and row.result is not None:
-                self.callbacks.send(url, row.result)
+                if callback_host_allowed(url, self.config.callback_hosts):
+                    self.callbacks.send(url, row.result)
+                else:
+                    log.warning("callback to %s not sent: not in rollout.callback_hosts", url)
         self._loops = [
             asyncio.create_task(self._dispatch_loop(), name="rollout-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="rollout-liveness"),
@@ -98,7 +105,14 @@ class RolloutService:
     # -- tasks ---------------------------------------------------------------------------
 
     async def submit(self, request: TaskRequest) -> TaskSummary:
-        """Expand a task into sessions; raises ``TaskConflict`` if that id is still running."""
+        """Expand a task into sessions; raises ``TaskConflict`` if that id is still running,
+        ``CallbackRefused`` if its callback_url names a host not in ``callback_hosts``."""
+        url = request.callback_url
+        if url and not callback_host_allowed(url, self.config.callback_hosts):
+            raise CallbackRefused(
+                f"callback_url {url!r} names a host not in rollout.callback_hosts "
+                f"({', '.join(self.config.callback_hosts) or 'none'}); add its host there"
+            )
         default_runtime = self.config.default_runtime
         if default_runtime and "kind" not in request.runtime.model_fields_set:
             request = request.model_copy(
@@ -173,28 +187,35 @@ class RolloutService:
 
     # -- nodes ---------------------------------------------------------------------------
 
-    async def register(self, report: NodeReport) -> Registered:
-        """A node (re)started: sessions it acknowledged but no longer holds are lost."""
+    async def register(self, report: NodeReport, credential: str | None = None) -> Registered:
+        """A node (re)started: sessions it acknowledged but no longer holds are lost.
+        ``credential`` is what the server calls the node with (and the node's answer)."""
         record = self.nodes.register(report.status)
+        record.credential = credential
         for row in await asyncio.to_thread(self.store.unfinished_on, record.node_id):
             if row.acknowledged and row.session_id not in report.sessions:
                 await self.accept_result(
                     _failed(row, record.node_id, f"node {record.node_id} restarted and lost it")
                 )
-        await self._note_statuses(report.sessions)
+        retired = await self._note_statuses(record.node_id, report.sessions)
         self.events.publish(EventKind.NODE_REGISTERED, node_id=record.node_id, url=record.url)
         self.wake()
-        return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s())
+        return Registered(
+            node_id=record.node_id,
+            heartbeat_s=self._heartbeat_s(),
+            credential=credential,
+            retired=retired,
+        )
 
     async def heartbeat(self, report: NodeReport) -> Registered | None:
         """``None`` when the node must register again (unknown, or declared dead)."""
         record = self.nodes.heartbeat(report.status)
         if record is None:
             return None
-        await self._note_statuses(report.sessions)
+        retired = await self._note_statuses(record.node_id, report.sessions)
         if record.load is not None and record.load.eligible:
             self.wake()
-        return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s())
+        return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s(), retired=retired)
 
     async def drain(self, node_id: str) -> NodeRecord | None:
         """Stop scheduling to a node and ask it to drain (it finishes what it has)."""
@@ -233,14 +254,24 @@ class RolloutService:
     def _heartbeat_s(self) -> float:
         return max(0.05, self.config.heartbeat_timeout_s / 3)
 
-    async def _note_statuses(self, sessions: dict[str, SessionStatus]) -> None:
+    async def _note_statuses(self, node_id: str, sessions: dict[str, SessionStatus]) -> list[str]:
+        """Record the progress a node reports of its own unfinished sessions. Those this server
+        finished without it (it was declared dead) or bound to another node are returned: the
+        node closes them. Ids the server never issued are left alone (dispatched by hand)."""
+        if not sessions:
+            return []
+        bound = await asyncio.to_thread(self.store.bindings, list(sessions))
+        held = {
+            sid for sid, (node, status) in bound.items() if node == node_id and not status.finished
+        }
         changed = {
             sid: status
             for sid, status in sessions.items()
-            if not status.finished and self._known_status.get(sid) != status
+            if sid in held and not status.finished and self._known_status.get(sid) != status
         }
+        retired = [sid for sid in bound if sid not in held]
         if not changed:
-            return
+            return retired
 
         def write() -> None:
             for sid, status in changed.items():
@@ -248,6 +279,7 @@ class RolloutService:
 
         await asyncio.to_thread(write)
         self._known_status.update(changed)
+        return retired
 
     # -- results -------------------------------------------------------------------------
 
@@ -386,7 +418,10 @@ class RolloutService:
         return Outcome.REJECTED
 
     def _node_headers(self, node_id: str) -> dict[str, str]:
-        token = self.config.node_tokens.get(node_id, self.config.admin_token)
+        """The node's own credential (or its admin token from the topology); never the
+        server's admin token, which a node has no business holding."""
+        record = self.nodes.get(node_id)
+        token = self.config.node_tokens.get(node_id) or (record.credential if record else None)
         return {"authorization": f"Bearer {token}"} if token else {}
 
     # -- liveness ------------------------------------------------------------------------
@@ -428,6 +463,38 @@ class RolloutService:
             "callbacks_in_flight": self.callbacks.pending,
             "event_subscribers": self.events.subscribers,
         }
+
+
+class CallbackRefused(ValueError):
+    """A task's callback_url names a host the server may not call."""
+
+
+def callback_host_allowed(url: str, hosts: list[str]) -> bool:
+    """Whether ``url`` is http(s) to one of ``hosts`` (exact names; no wildcards)."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and (parts.hostname or "") in {
+        h.strip("[]").lower() for h in hosts
+    }
+
+
+def _admin_token(config: RolloutServerConfig) -> str | None:
+    """The configured admin token, else the one kept in ``config.token_file()`` (made at first
+    start); None when auth is turned off (loopback only)."""
+    require_auth_off_loopback(
+        config.host,
+        auth=config.auth,
+        what="rollout server",
+        how="the server then makes an admin token (or set rollout.admin_token).",
+    )
+    if not config.auth:
+        log.warning("rollout server auth is OFF (auth: false): any local process may drive it")
+        return None
+    if config.admin_token:
+        return config.admin_token
+    path = config.token_file()
+    token = token_from_file(path)
+    log.info("rollout admin token: %s", path)
+    return token
 
 
 def _failed(row: SessionRow, node_id: str, error: str) -> SessionResult:

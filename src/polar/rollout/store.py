@@ -40,6 +40,11 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_by_node ON sessions (node_id, status);
+CREATE TABLE IF NOT EXISTS node_credentials (
+    node_id TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    issued_at REAL NOT NULL
+);
 """
 
 _FINAL = tuple(s.value for s in SessionStatus if s.finished)
@@ -202,6 +207,35 @@ class RolloutStore:
                 f"SELECT status, COUNT(*) FROM sessions {where} GROUP BY status", params
             )
             return {status: n for status, n in rows.fetchall()}
+
+    def bindings(self, session_ids: list[str]) -> dict[str, tuple[str | None, SessionStatus]]:
+        """session id -> (node it is bound to, status), for those of ``session_ids`` known."""
+        found: dict[str, tuple[str | None, SessionStatus]] = {}
+        with self._lock:
+            for start in range(0, len(session_ids), 500):
+                chunk = session_ids[start : start + 500]
+                rows = self._db.execute(
+                    "SELECT session_id, node_id, status FROM sessions WHERE session_id IN"
+                    f" ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+                found.update({sid: (node, SessionStatus(st)) for sid, node, st in rows})
+        return found
+
+    # -- node credentials ----------------------------------------------------------------
+
+    def node_credentials(self) -> dict[str, str]:
+        """node id -> digest of the credential it was issued."""
+        with self._lock:
+            rows = self._db.execute("SELECT node_id, digest FROM node_credentials").fetchall()
+        return {node_id: digest for node_id, digest in rows}
+
+    def set_node_credential(self, node_id: str, digest: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO node_credentials VALUES (?, ?, ?)",
+                (node_id, digest, time.time()),
+            )
 
     def assign(self, session_id: str, node_id: str) -> None:
         self._update("node_id = ?, acknowledged = 0", (node_id,), session_id)

@@ -115,3 +115,14 @@ class Registered(BaseModel):
 
     node_id: NodeId
     heartbeat_s: float = Field(description="How often the server expects a heartbeat.")
+    credential: str | None = Field(
+        None,
+        description="This node's own credential (on a register answer): it goes on every later "
+        "call to the server, the server calls the node with it, and registering this node id "
+        "again needs it.",
+    )
+    retired: list[str] = Field(
+        default_factory=list,
+        description="Sessions the node reported that the server has finished without it (it "
+        "was declared dead, or they are not this node's): the node closes them.",
+    )

@@ -36,8 +36,10 @@ NODE_ID = "local"
 class LocalStack:
     """Start with :meth:`start`, stop with :meth:`stop` (or use it as a context manager).
 
-    ``work_dir`` receives the rollout state (``rollout/``), the capture store
-    (``captures.db``) and one directory per session (``sessions/<id>``). ``ready_buffer`` is
+    ``work_dir`` receives the rollout state (``rollout/``, its admin token in
+    ``rollout/rollout.token``), the capture store (``captures.db``, the gateway's admin token
+    beside it in ``gateway.token``) and one directory per session (``sessions/<id>``). With
+    ``admin_token`` given, both servers use it instead. ``ready_buffer`` is
     the node's (default: one prepared runtime per run slot; 0 starts a session's runtime, and
     so its time budget, only when a run slot is free).
     """
@@ -73,6 +75,7 @@ class LocalStack:
         self.rollout: BackgroundServer | None = None
         self.gateway: BackgroundServer | None = None
         self.gateway_app: Any = None
+        self.rollout_app: Any = None
 
     @classmethod
     def embedded(cls, core: EmbeddedEngineCore, work_dir: str | Path, **options: Any) -> LocalStack:
@@ -90,6 +93,19 @@ class LocalStack:
             policy_version=core.policy_version,
             **options,
         )
+
+    @property
+    def rollout_token(self) -> str | None:
+        """The rollout server's admin token (what clients of the stack send)."""
+        assert self.rollout_app is not None, "stack not started"
+        token: str | None = self.rollout_app.state.service.access.admin_token
+        return token
+
+    @property
+    def gateway_token(self) -> str | None:
+        """The gateway's admin token (pause, resume, policy, its capture API)."""
+        assert self.gateway_app is not None, "stack not started"
+        return app_services(self.gateway_app).admin_token
 
     @property
     def rollout_url(self) -> str:
@@ -157,7 +173,8 @@ class LocalStack:
             callback_retry=RetryPolicy(initial_s=0.1, max_s=1.0, deadline_s=60.0),
             default_runtime=self.runtime,
         )
-        self.rollout = BackgroundServer(create_rollout_app(config)).start()
+        self.rollout_app = create_rollout_app(config)
+        self.rollout = BackgroundServer(self.rollout_app).start()
 
     def _start_gateway(self) -> None:
         assert self.rollout is not None
@@ -179,7 +196,7 @@ class LocalStack:
                 ready_buffer=self.ready_buffer,
                 work_dir=self.work_dir / "sessions",
                 rollout_url=self.rollout.url,
-                rollout_token=self.admin_token,
+                rollout_token=self.rollout_token,
                 heartbeat_s=0.5,
             ),
         )
@@ -189,7 +206,8 @@ class LocalStack:
         self.gateway = BackgroundServer(self.gateway_app, port=port).start()
 
     def _wait_for_node(self, timeout_s: float = 30.0) -> None:
-        headers = {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        token = self.rollout_token
+        headers = {"authorization": f"Bearer {token}"} if token else {}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             nodes = httpx.get(f"{self.rollout_url}/nodes", headers=headers, timeout=5).json()

@@ -110,7 +110,10 @@ class Topology(BaseModel):
                 queue_limit=spec.workers.queue_limit,
                 work_dir=work_dir,
                 rollout_url=self.rollout.base_url(),
-                rollout_token=self.rollout.admin_token,
+                # The enrolment secret: configured, else the token file of a rollout server
+                # started from this topology on this machine.
+                rollout_token=self.rollout.enrolment_secret or self.rollout.admin_token,
+                rollout_token_file=self.rollout.token_file(),
             ),
         )
 

@@ -122,8 +122,8 @@ class EmbeddedTrainer:
             self.core, work, sampling=sampling, runtime=cfg.runtime, run_workers=cfg.run_workers
         )
         try:
-            with stack, RolloutClient(stack.rollout_url) as client:
-                control = GatewayControl([stack.gateway_url])
+            with stack, RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
+                control = GatewayControl([stack.gateway_url], token=stack.gateway_token)
                 try:
                     if cfg.eval.tasks and self.step == 0:  # a resumed run has its "before"
                         summary["evals"].append(self.evaluate(client, stack))

@@ -113,6 +113,10 @@ class Node:
     def url(self) -> str:
         return self.server.url
 
+    def headers(self) -> dict[str, str]:
+        """The gateway's admin token (made in its state dir unless the cluster set one)."""
+        return {"authorization": f"Bearer {app_services(self.app).admin_token}"}
+
     def kill(self) -> None:
         """Vanish without a word: no more heartbeats, no results, then the server goes."""
         node = app_services(self.app).node
@@ -194,6 +198,8 @@ def start_cluster(
     )
     rollout_app = create_rollout_app(config)
     rollout = BackgroundServer(rollout_app, port=config.port).start()
+    # Without a configured token the server made one; the nodes enrol with it.
+    rollout_token = rollout_app.state.service.access.admin_token
     nodes = {}
     engines = {}
     for node_id in node_ids:
@@ -211,7 +217,7 @@ def start_cluster(
                 node_id=node_id,
                 work_dir=tmp / f"node-{node_id}" / "sessions",
                 rollout_url=rollout.url,
-                rollout_token=admin_token,
+                rollout_token=rollout_token,
                 heartbeat_s=0.2,
                 **(workers or {"init_workers": 2, "run_workers": 2, "ready_buffer": 2}),
             ),
@@ -226,7 +232,7 @@ def start_cluster(
     if receiver_up:
         receiver.start()
     cluster = Cluster(
-        rollout, rollout_app.state.service, nodes, engines, receiver, tmp, admin_token=admin_token
+        rollout, rollout_app.state.service, nodes, engines, receiver, tmp, admin_token=rollout_token
     )
     cluster.wait_nodes(len(node_ids))
     return cluster

@@ -16,6 +16,7 @@ from polar.delivery import RetryPolicy
 from polar.gateway.server import BackgroundServer
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
+from polar.schemas.node import NodeReport, NodeStatus, Workers
 from polar.schemas.rollout import EventKind
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
 
@@ -30,10 +31,29 @@ def server(tmp_path: Path) -> Iterator[BackgroundServer]:
 
 
 def finish(url: str, task_id: str, *, reward: float = 1.0, delay_s: float = 0.0) -> None:
-    """Play a node: post a final result for each of the task's sessions."""
-    headers = {"authorization": f"Bearer {TOKEN}"}
-    with httpx.Client(base_url=url, headers=headers, timeout=10) as http:
-        for view in http.get(f"/tasks/{task_id}/sessions").json():
+    """Play a node: enrol, wait until the task's sessions are bound to it (their dispatch to
+    its closed port is retried meanwhile), post a final result for each."""
+    admin = {"authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, timeout=10) as http:
+        status = NodeStatus(
+            node_id="fake",
+            url="http://127.0.0.1:9",
+            workers=Workers(init=1, run=8, postrun=1, ready_buffer=1, queue_limit=64),
+        )
+        body = NodeReport(status=status).model_dump_json()
+        enrolled = http.post(
+            "/nodes/register",
+            content=body,
+            headers={**admin, "content-type": "application/json"},
+        )
+        headers = {"authorization": f"Bearer {enrolled.json()['credential']}"}
+        deadline = time.monotonic() + 10
+        while True:
+            views = http.get(f"/tasks/{task_id}/sessions", headers=admin).json()
+            if all(v["node_id"] == "fake" for v in views) or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        for view in views:
             time.sleep(delay_s)
             result = SessionResult(
                 session_id=view["session_id"],
@@ -44,7 +64,7 @@ def finish(url: str, task_id: str, *, reward: float = 1.0, delay_s: float = 0.0)
             answer = http.post(
                 "/results",
                 content=result.model_dump_json(),
-                headers={"content-type": "application/json"},
+                headers={**headers, "content-type": "application/json"},
             )
             assert answer.status_code == 200, answer.text
 

@@ -94,6 +94,7 @@ def rollout_config(tmp_path: Path, **rollout: object) -> RolloutServerConfig:
         heartbeat_timeout_s=5,
         node_grace_s=10,
         default_runtime="local",
+        callback_hosts=["trainer"],
         **rollout,  # type: ignore[arg-type]
     )
     return config

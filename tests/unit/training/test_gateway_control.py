@@ -11,13 +11,14 @@ from polar.errors import ConfigError
 from polar.training.gateway_control import GatewayControl
 
 
-def status(url: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/polar/status").json())
-
-
 def test_weight_update_pauses_stamps_and_resumes(live_gateway: Any) -> None:
     url = live_gateway.base_url
-    control = GatewayControl([url], timeout_s=5)
+    token = live_gateway.admin["x-polar-admin-token"]
+
+    def status(url: str) -> dict[str, Any]:
+        return dict(httpx.get(f"{url}/polar/status", headers=live_gateway.admin).json())
+
+    control = GatewayControl([url], token=token, timeout_s=5)
     original = status(url)["policy_version"]  # the gateway is shared with other tests
     try:
         with control.weight_update(7) as drained:
