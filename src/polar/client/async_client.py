@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -52,7 +53,8 @@ class RolloutTimeout(TimeoutError):
 
 
 class AsyncRolloutClient:
-    """Use as ``async with AsyncRolloutClient(url, token=...) as client``."""
+    """Use as ``async with AsyncRolloutClient(url, token=...) as client``; without ``token``,
+    ``$POLAR_ROLLOUT_TOKEN`` (so trainer bridges in another process need no code for it)."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class AsyncRolloutClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        token = token or os.environ.get("POLAR_ROLLOUT_TOKEN")
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self.retry = retry
