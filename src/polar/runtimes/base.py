@@ -372,7 +372,7 @@ class Runtime(ABC):
         inside = PurePosixPath(self.inside_path(remote))
         for root, host in ((self.workdir, self.workspace_path), (self.home, self.home_path)):
             if inside == PurePosixPath(root) or PurePosixPath(root) in inside.parents:
-                return host.joinpath(*inside.relative_to(root).parts)
+                return _within(host, host.joinpath(*inside.relative_to(root).parts), remote)
         raise ValueError(
             f"{remote!r} is outside the {self.name} runtime's workdir ({self.workdir}) and "
             f"home ({self.home}); only those can be transferred"
@@ -508,6 +508,20 @@ def _check_relative(rel: str) -> None:
         raise ConfigError(f"runtime.files key {rel!r} must be a relative path inside the workdir")
 
 
+def _within(root: Path, path: Path, remote: str) -> Path:
+    """``path`` if it stays under ``root`` once symbolic links are resolved. The harness owns
+    the workspace: a link it planted (``tests -> /etc``) must not turn a transfer, which runs
+    with the node's rights on the host, into a read or write of host files."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
+        raise ValueError(
+            f"{remote!r} leads outside the runtime's workspace through a symbolic link; "
+            "it is not transferred"
+        )
+    return path
+
+
 def _copy(src: Path, dst: Path) -> None:
     if not src.exists():
         raise FileNotFoundError(f"{src} does not exist")
@@ -515,4 +529,5 @@ def _copy(src: Path, dst: Path) -> None:
     if src.is_dir():
         shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
     else:
-        shutil.copy2(src, dst)
+        # A link is copied as a link, never followed (the checks above cover its parents).
+        shutil.copy2(src, dst, follow_symlinks=False)

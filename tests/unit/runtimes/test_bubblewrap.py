@@ -229,3 +229,32 @@ async def test_a_model_api_is_served_in_place_of_the_gateway(tmp_path: Path, gat
     finally:
         await rt.stop()
     assert not (rt.relay and (rt.relay.host_dir / "gateway.sock").exists())
+
+
+@needs_bwrap
+async def test_transfers_never_follow_a_planted_link_out_of_the_workspace(
+    tmp_path: Path, gateway_url: str
+):
+    """The harness owns the workspace; the node's transfers run with host rights."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("root only")
+    outside = tmp_path / "host-dir"
+    outside.mkdir()
+    rt = make(tmp_path, gateway_url)
+    await rt.start()
+    try:
+        (rt.workspace_path / "leak").symlink_to(secret)
+        (rt.workspace_path / "tests").symlink_to(outside, target_is_directory=True)
+        payload = tmp_path / "payload.txt"
+        payload.write_text("written by an evaluator")
+        with pytest.raises(ValueError, match="symbolic link"):
+            await rt.download("leak", tmp_path / "copied")
+        with pytest.raises(ValueError, match="symbolic link"):
+            await rt.upload(payload, "tests/test_x.py")
+        assert not (tmp_path / "copied").exists() and list(outside.iterdir()) == []
+        (rt.workspace_path / "inner").symlink_to(rt.workspace_path / "real.txt")
+        (rt.workspace_path / "real.txt").write_text("fine")
+        await rt.download("real.txt", tmp_path / "ok.txt")  # links inside stay allowed
+        assert (tmp_path / "ok.txt").read_text() == "fine"
+    finally:
+        await rt.stop()
