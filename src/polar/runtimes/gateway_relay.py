@@ -31,6 +31,7 @@ from uvicorn.server import ServerState
 from polar.errors import ConfigError
 from polar.runtimes.base import AsgiApp
 from polar.runtimes.forwarder import serve_unix_to_tcp
+from polar.serving import ServerLimits, uvicorn_settings
 
 FORWARDER_SOURCE = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/.polar/forwarder.py"
@@ -40,6 +41,11 @@ DEFAULT_PORT_INSIDE = 18080
 # sun_path holds 108 bytes; deep session dirs (pytest's tmp_path) overflow it.
 _MAX_SOCKET_PATH = 100
 _CLOSE_WAIT_S = 2.0
+# One harness's share of the node: a sandbox that opens sockets without end, or sends nothing,
+# holds at most this much of the gateway process.
+SANDBOX_LIMITS = ServerLimits(
+    max_connections=64, header_timeout_s=10.0, body_timeout_s=120.0, backlog=64
+)
 
 
 class GatewayRelay:
@@ -119,6 +125,7 @@ class GatewayRelay:
             proxy_headers=False,
             server_header=False,
             ws="none",
+            **uvicorn_settings(SANDBOX_LIMITS),
         )
         config.load()
         state = self._state = ServerState()
@@ -127,6 +134,7 @@ class GatewayRelay:
                 config=config, server_state=state, app_state={}
             ),
             path=path,
+            backlog=SANDBOX_LIMITS.backlog,
         )
         os.chmod(path, 0o666)
         return server

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from polar.runtimes.forwarder import parse_hostport, serve_tcp_to_unix, serve_unix_to_tcp
@@ -135,3 +136,33 @@ def test_parse_hostport():
     for bad in ("8080", "host:", "host:x"):
         with pytest.raises(ValueError):
             parse_hostport(bad)
+
+
+async def test_a_sandbox_flooding_its_relay_with_silent_sockets_still_gets_answers(tmp_path):
+    """The relay that serves a session's model API bounds what one harness can hold: beyond
+    its connection cap a new connection displaces the idle ones, so the harness's own call (or
+    any other) is still answered."""
+    from polar.runtimes.gateway_relay import SANDBOX_LIMITS, SOCKET_NAME
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    relay = GatewayRelay("http://127.0.0.1:9", tmp_path / "run", model_api=app)
+    await relay.start()
+    silent = []
+    try:
+        path = str(relay.host_dir / SOCKET_NAME)
+        for _ in range(SANDBOX_LIMITS.max_connections + 36):
+            silent.append(await asyncio.open_unix_connection(path))
+        await asyncio.sleep(0.3)
+        dropped = sum(reader.at_eof() for reader, _ in silent)
+        assert dropped >= 36  # the relay holds at most its cap, whatever the harness opens
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            reply = await client.get("http://sandbox/v1/models")
+        assert reply.status_code == 200 and reply.text == "ok"
+    finally:
+        for _, writer in silent:
+            writer.close()
+        await relay.stop()
