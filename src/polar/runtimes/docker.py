@@ -60,6 +60,9 @@ DEFAULT_USER = "65534:65534"
 
 class DockerOptions(ImageOptions):
     docker: str = "docker"  # the CLI binary
+    pids_limit: int | None = Field(
+        4096, gt=0, description="Processes the container may hold (a fork bomb stays inside)."
+    )
     user: str | None = Field(
         DEFAULT_USER, description="uid[:gid] the container runs as; null: the image's user."
     )
@@ -104,6 +107,8 @@ class DockerRuntime(SandboxedRuntime):
         if self.user is not None:
             argv += ["--user", self.user]
         argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        if self.options.pids_limit is not None:
+            argv += ["--pids-limit", str(self.options.pids_limit)]
         if self.spec.cpus is not None:
             argv += ["--cpus", f"{self.spec.cpus:g}"]
         if self.spec.memory_mb is not None:

@@ -57,6 +57,7 @@ def test_run_command_line(tmp_path: Path):
         "--label", "polar.session=sess",
         "--network", "none",
         "--user", "65534:65534", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        "--pids-limit", "4096",
         "--cpus", "2", "--memory", "2048m",
         "-v", f"{rt.workspace_path}:/workspace",
         "-v", f"{rt.home_path}:/home/polar",
