@@ -15,6 +15,7 @@ import asyncio
 from typing import Any
 
 import h11
+import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -43,6 +44,13 @@ class ServerLimits(BaseModel):
         32 * 1024, ge=1024, description="Request line and headers, together."
     )
     backlog: int = Field(2048, ge=1, description="Connections waiting to be accepted.")
+
+
+def serve(app: Any, *, host: str, port: int, limits: ServerLimits) -> None:
+    """Run ``app`` until interrupted (the ``polar serve-*`` commands), under ``limits``."""
+    uvicorn.run(
+        app, host=host, port=port, log_level="warning", access_log=False, **uvicorn_settings(limits)
+    )
 
 
 def uvicorn_settings(limits: ServerLimits) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -18,6 +19,8 @@ from polar.errors import ConfigError
 GATEWAY_TOKEN_FILE = "gateway.token"
 ROLLOUT_TOKEN_FILE = "rollout.token"
 NODE_CREDENTIAL_FILE = "node.credential"
+
+log = logging.getLogger("polar.auth")
 
 
 def new_token() -> str:
@@ -78,3 +81,19 @@ def require_auth_off_loopback(host: str, *, auth: bool, what: str, how: str) -> 
             f"address could drive it. Remove the auth opt-out (--no-auth / auth: false); "
             f"{how}"
         )
+
+
+def admin_token(
+    *, host: str, auth: bool, configured: str | None, token_file: Path, what: str, how: str
+) -> str | None:
+    """A server's admin token: the configured one, else the one kept in ``token_file`` (made at
+    first start); None when auth is turned off, which only a loopback ``host`` may do."""
+    require_auth_off_loopback(host, auth=auth, what=what, how=how)
+    if not auth:
+        log.warning("%s auth is OFF (auth: false): any local process may drive it", what)
+        return None
+    if configured:
+        return configured
+    token = token_from_file(token_file)
+    log.info("%s admin token: %s", what, token_file)
+    return token

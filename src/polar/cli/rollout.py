@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import uvicorn
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -19,7 +18,7 @@ from polar.delivery import RetryPolicy
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
 from polar.schemas.task import SessionStatus, TaskRequest, TaskResult
-from polar.serving import uvicorn_settings
+from polar.serving import serve
 from polar.stack.topology import Topology
 from polar.tokens import is_loopback, read_token
 
@@ -103,14 +102,7 @@ def serve_rollout(args: argparse.Namespace) -> int:
         print("auth is OFF: any process on this machine may drive this server")
     elif not config.admin_token:
         print(f"admin token (clients, and nodes enrolling): {config.token_file()}")
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level="warning",
-        access_log=False,
-        **uvicorn_settings(config.limits),
-    )
+    serve(app, host=config.host, port=config.port, limits=config.limits)
     return 0
 
 

@@ -44,10 +44,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     require("embedded", "polar serve-engine")
     import torch
-    import uvicorn
 
     from polar.engines.embedded import EmbeddedEngineCore, create_app
-    from polar.serving import ServerLimits, uvicorn_settings
+    from polar.serving import ServerLimits, serve
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,14 +65,7 @@ def run(args: argparse.Namespace) -> int:
         f"(logprobs: {args.logprobs_mode}, context: {core.max_model_len})"
     )
     try:
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            **uvicorn_settings(ServerLimits()),
-        )
+        serve(app, host=args.host, port=args.port, limits=ServerLimits())
     finally:
         core.close()
     return 0

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import uvicorn
-
 from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
-from polar.serving import uvicorn_settings
+from polar.serving import serve
 from polar.stack.topology import Topology
 
 
@@ -127,12 +125,5 @@ def run(args: argparse.Namespace) -> int:
         print("auth is OFF: any process on this machine may drive this gateway")
     elif not config.admin_token:
         print(f"admin token (/polar/*, /docs): {config.token_file()}")
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level="warning",
-        access_log=False,
-        **uvicorn_settings(config.limits),
-    )
+    serve(app, host=config.host, port=config.port, limits=config.limits)
     return 0

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar import __version__
+from polar import __version__, tokens
 from polar.auth import OPEN, TokenGuard, same_secret
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
@@ -23,7 +23,6 @@ from polar.gateway.proxy import Proxy, json_response
 from polar.gateway.rendering import require_render_extra
 from polar.gateway.services import GatewayServices
 from polar.gateway.sessions import GatewaySession, SessionTable
-from polar.tokens import require_auth_off_loopback, token_from_file
 
 log = logging.getLogger("polar.gateway")
 
@@ -40,7 +39,14 @@ def create_app(
     require_render_extra(config.render)
     engine = engine or create_engine(config.engine)
     store = store or CaptureStore(config.capture_db, synchronous=config.capture_synchronous)
-    admin_token = _admin_token(config)
+    admin_token = tokens.admin_token(
+        host=config.host,
+        auth=config.auth,
+        configured=config.admin_token,
+        token_file=config.token_file(),
+        what="gateway",
+        how="the gateway then makes an admin token (or set admin_token / --admin-token).",
+    )
     sessions = SessionTable()
     # A node's sessions of an earlier life cannot resume (their runtimes are gone): they are
     # closed now, and their keys answer 401 from the first request on.
@@ -118,23 +124,3 @@ def create_app(
 
     app.add_route("/{path:path}", model_api, methods=_ALL_METHODS, include_in_schema=False)
     return app
-
-
-def _admin_token(config: GatewayConfig) -> str | None:
-    """The configured admin token, else the one kept in ``config.token_file()`` (made at first
-    start); None when auth is turned off (loopback only)."""
-    require_auth_off_loopback(
-        config.host,
-        auth=config.auth,
-        what="gateway",
-        how="the gateway then makes an admin token (or set admin_token / --admin-token).",
-    )
-    if not config.auth:
-        log.warning("gateway auth is OFF (auth: false): any local process may drive it")
-        return None
-    if config.admin_token:
-        return config.admin_token
-    path = config.token_file()
-    token = token_from_file(path)
-    log.info("gateway admin token: %s", path)
-    return token

@@ -39,7 +39,7 @@ from polar.schemas.ids import new_session_id
 from polar.schemas.node import NodeReport, NodeSessionInfo, Registered, SessionDispatch
 from polar.schemas.rollout import CallbackState, EventKind, NodeView, SessionView, TaskSummary
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
-from polar.tokens import require_auth_off_loopback, token_from_file
+from polar.tokens import admin_token
 
 log = logging.getLogger("polar.rollout")
 
@@ -58,7 +58,15 @@ class RolloutService:
     ) -> None:
         self.config = config
         self.store = RolloutStore(self.config.data_dir)
-        self.access = Access(self.store, _admin_token(config), config.enrolment_secret)
+        token = admin_token(
+            host=config.host,
+            auth=config.auth,
+            configured=config.admin_token,
+            token_file=config.token_file(),
+            what="rollout server",
+            how="the server then makes an admin token (or set rollout.admin_token).",
+        )
+        self.access = Access(self.store, token, config.enrolment_secret)
         self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
         self.events = EventBus()
         self.client = client or httpx.AsyncClient()
@@ -476,25 +484,6 @@ def callback_host_allowed(url: str, hosts: list[str]) -> bool:
         h.strip("[]").lower() for h in hosts
     }
 
-
-def _admin_token(config: RolloutServerConfig) -> str | None:
-    """The configured admin token, else the one kept in ``config.token_file()`` (made at first
-    start); None when auth is turned off (loopback only)."""
-    require_auth_off_loopback(
-        config.host,
-        auth=config.auth,
-        what="rollout server",
-        how="the server then makes an admin token (or set rollout.admin_token).",
-    )
-    if not config.auth:
-        log.warning("rollout server auth is OFF (auth: false): any local process may drive it")
-        return None
-    if config.admin_token:
-        return config.admin_token
-    path = config.token_file()
-    token = token_from_file(path)
-    log.info("rollout admin token: %s", path)
-    return token
 
 
 def _failed(row: SessionRow, node_id: str, error: str) -> SessionResult:
