@@ -67,6 +67,7 @@ def test_two_grpo_steps_through_polar(
     func = PolarRolloutFunc(
         stack.rollout_url,
         task_from_template(template()),
+        token=stack.rollout_token,
         on_new_weights=lambda step: core.bump_policy_version(),
     )
     calls: list[dict[str, list[Any]]] = []

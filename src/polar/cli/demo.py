@@ -30,6 +30,7 @@ from polar.engines.scripted import (
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
+from polar.tokens import new_token
 
 TOOL = {
     "name": "shell",
@@ -196,7 +197,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     backend = ScriptedBackend(Script())
     engine = ScriptedEngine(backend)
-    config = GatewayConfig(capture_db=out / "captures.db", served_model="SmolLM2-135M-Instruct")
+    token = new_token()  # the demo's own admin token: it creates sessions with it
+    config = GatewayConfig(
+        capture_db=out / "captures.db", served_model="SmolLM2-135M-Instruct", admin_token=token
+    )
     store = CaptureStore(config.capture_db)
     table = Table(title="Captured calls (every token compared with the engine's reply)")
     for col in (
@@ -215,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     all_ok = True
     with (
         BackgroundServer(create_app(config, engine=engine, store=store)) as server,
-        httpx.Client(timeout=60) as client,
+        httpx.Client(timeout=60, headers={"authorization": f"Bearer {token}"}) as client,
     ):
         config.public_url = server.url
         console.print(f"gateway: {server.url}  capture store: {config.capture_db}")
