@@ -9,7 +9,7 @@ function tools. Adapters keep every provider quirk on their own side of this lin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from polar.errors import InvalidRequest
 
@@ -46,6 +46,9 @@ class SamplingParams:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+FeatureFate = Literal["honoured", "mapped", "refused"]
+
+
 @dataclass
 class CaptureTags:
     """What the capture record says about a call beyond the call itself.
@@ -59,6 +62,13 @@ class CaptureTags:
     notes: list[str] = field(default_factory=list)
     stripped: list[str] = field(default_factory=list)
     ignored_items: list[str] = field(default_factory=list)
+    # Request features and what became of each: "honoured" (passed on as asked), "mapped"
+    # (carried out another way, e.g. a provider option turned into an engine parameter) or
+    # "refused" (answered with a 4xx naming it). A feature is never dropped silently.
+    features: dict[str, FeatureFate] = field(default_factory=dict)
+
+    def feature(self, name: str, fate: FeatureFate) -> None:
+        self.features[name] = fate
 
     def record_notes(self) -> list[str]:
         """The adapter's changes in words, as the record stores them."""
@@ -66,6 +76,7 @@ class CaptureTags:
             list(self.notes)
             + [f"stripped: {line}" for line in self.stripped]
             + [f"ignored item: {item}" for item in self.ignored_items]
+            + [f"feature {name}: {fate}" for name, fate in sorted(self.features.items())]
         )
 
 
