@@ -17,7 +17,6 @@ TOOLS = [
         "description": "Run a command",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
     },
-    {"type": "web_search_20250305", "name": "web_search"},
 ]
 
 
@@ -77,7 +76,6 @@ def test_tool_use_round_trip(live_gateway, stream):
     second = client.messages.create(messages=messages, **kwargs)
     assert second.content[-1].text == "Found a.txt."
     records = _assert_faithful(live_gateway, session.key)
-    assert records[0].dropped_tools == ["web_search_20250305"]
     sent = records[1].upstream_request["messages"]
     assert sent[0] == {"role": "system", "content": "You are Claude Code."}
     assert sent[2]["tool_calls"][0]["id"] == tool_use.id
@@ -164,3 +162,92 @@ def test_a_matched_stop_sequence_is_reported_as_the_api_does(live_gateway, strea
     (record,) = live_gateway.records(session.key)
     # The sampled ids run through the stop string, exactly as the engine returned them.
     assert record.sampled_ids == live_gateway.engine_log[-1]["choices"][0]["token_ids"]
+
+
+def _anthropic(session):
+    return anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+
+
+def _create(client, stream, **kwargs):
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            return events.get_final_message()
+    return client.messages.create(**kwargs)
+
+
+@pytest.mark.conformance(
+    feature="client schema tools (bash, text_editor)", api="anthropic", status="mapped"
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_schema_tools_are_callable_under_their_names(live_gateway, stream):
+    session = live_gateway.new_session()
+    edit = {"command": "str_replace", "path": "/a.py", "old_str": "x", "new_str": "y"}
+    live_gateway.script(ScriptedReply(tool_calls=[("str_replace_based_edit_tool", edit)]))
+    message = _create(
+        _anthropic(session),
+        stream,
+        model="claude-x",
+        max_tokens=200,
+        tools=[
+            {"type": "bash_20250124", "name": "bash"},
+            {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+        ],
+        messages=[{"role": "user", "content": "Fix a.py"}],
+    )
+    assert message.stop_reason == "tool_use"
+    (call,) = [b for b in message.content if b.type == "tool_use"]
+    assert (call.name, call.input) == ("str_replace_based_edit_tool", edit)
+    (record,) = _assert_faithful(live_gateway, session.key)
+    assert "feature tool bash_20250124: mapped" in record.notes
+    assert "feature tool text_editor_20250728: mapped" in record.notes
+    # The engine saw both tools as function tools with Anthropic's input schemas.
+    prompt = live_gateway.engine.backend.tokenizer.decode(record.prompt_ids)
+    assert '"name": "bash"' in prompt and '"restart"' in prompt
+    assert '"name": "str_replace_based_edit_tool"' in prompt and '"view_range"' in prompt
+
+
+@pytest.mark.conformance(
+    feature="server tools (web_search, ...)", api="anthropic", status="refused"
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_server_tools_are_refused_naming_the_tool(live_gateway, stream):
+    session = live_gateway.new_session()
+    with pytest.raises(anthropic.BadRequestError, match="web_search_20250305"):
+        _create(
+            _anthropic(session),
+            stream,
+            model="claude-x",
+            max_tokens=200,
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+            messages=[{"role": "user", "content": "Search"}],
+        )
+    assert live_gateway.engine_log == []
+
+
+@pytest.mark.conformance(feature="assistant prefill", api="anthropic", status="supported")
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_assistant_prefill_is_continued(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session = gateway.new_session()
+    gateway.script(ScriptedReply(content=' "blue"}'))
+    message = _create(
+        _anthropic(session),
+        stream,
+        model="claude-x",
+        max_tokens=200,
+        messages=[
+            {"role": "user", "content": "Your favourite colour, as JSON"},
+            {"role": "assistant", "content": '{"colour":'},
+        ],
+    )
+    # As Anthropic does: the reply holds only the continuation of the prefill.
+    assert message.content[0].text == ' "blue"}'
+    (record,) = gateway.records(session.key)
+    assert "feature assistant prefill: honoured" in record.notes
+    # The engine saw the prefill as the open start of the assistant turn.
+    prompt = gateway.engine.backend.tokenizer.decode(record.prompt_ids)
+    assert prompt.endswith('<|im_start|>assistant\n{"colour":')
+    gateway.reset()

@@ -105,11 +105,18 @@ class ScriptedBackend:
         self.log: list[dict[str, Any]] = []
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
     ) -> list[int]:
         rendered = messages_for_plain_template(messages, tools)
         ids = self.tokenizer.apply_chat_template(
-            rendered, add_generation_prompt=True, tokenize=True
+            rendered,
+            add_generation_prompt=not continue_final,
+            continue_final_message=continue_final,
+            tokenize=True,
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
@@ -240,7 +247,9 @@ class ScriptedBackend:
         self.check_model(body)
         messages = body.get("messages") or []
         tools = body.get("tools") or None
-        prompt = self.prompt_ids(messages, tools)
+        prompt = self.prompt_ids(
+            messages, tools, continue_final=body.get("continue_final_message") is True
+        )
         sampled, finish, calls, stop = self.sample(reply, self.room(prompt, body), _stops(body))
         content = reply.content.split(stop)[0] if stop else reply.content
         entries = self.logprob_entries(sampled)

@@ -65,6 +65,30 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 _STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal"}
 
+# The input schemas Anthropic documents for its client-side schema tools (the model is trained
+# on them; the client runs them), keyed by tool type without its date suffix.
+_EDIT_COMMANDS = {"type": "string", "enum": ["view", "create", "str_replace", "insert"]}
+_UNDO_COMMANDS = {"type": "string", "enum": [*_EDIT_COMMANDS["enum"], "undo_edit"]}
+_SCHEMA_TOOLS: dict[str, dict[str, Any]] = {
+    "bash": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}, "restart": {"type": "boolean"}},
+    },
+    "text_editor": {
+        "type": "object",
+        "properties": {
+            "command": _EDIT_COMMANDS,
+            "path": {"type": "string"},
+            "file_text": {"type": "string"},
+            "old_str": {"type": "string"},
+            "new_str": {"type": "string"},
+            "insert_line": {"type": "integer"},
+            "view_range": {"type": "array", "items": {"type": "integer"}},
+        },
+        "required": ["command", "path"],
+    },
+}
+
 # Block types only the Messages API uses; a body carrying one is Anthropic-shaped.
 _ANTHROPIC_BLOCKS = frozenset(
     {"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"}
@@ -139,7 +163,8 @@ class AnthropicProvider(Provider):
         if body.get("messages") is None:
             raise InvalidRequest("messages is required")
 
-        conversion = _Conversion()
+        capture = CaptureTags()
+        conversion = _Conversion(capture)
         if body.get("system") is not None:
             conversion.add_system(body["system"], "system")
         history: list[Message] = []
@@ -149,9 +174,13 @@ class AnthropicProvider(Provider):
         for index, message in enumerate(messages):
             history.extend(conversion.message(message, f"messages[{index}]"))
 
-        dropped: list[str] = []
-        tools = _tools(body.get("tools"), dropped)
+        tools = _tools(body.get("tools"), capture)
         tool_choice = _tool_choice(body.get("tool_choice"))
+        parallel = _parallel_tool_calls(body.get("tool_choice"), bool(tools), capture)
+        prefill = bool(history) and history[-1]["role"] == "assistant"
+        if prefill:
+            _check_prefill(history[-1])
+            capture.feature("assistant prefill", "honoured")
 
         system = join_text(conversion.system)
         messages = [{"role": "system", "content": system}] if system else []
@@ -166,9 +195,10 @@ class AnthropicProvider(Provider):
             tool_choice=tool_choice if tools else None,
             params=_sampling(body),
             stream=stream,
-            dropped_tools=dropped,
             requested_model=model,
-            capture=CaptureTags(notes=conversion.notes, stripped=conversion.stripped),
+            capture=capture,
+            continue_final=prefill,
+            parallel_tool_calls=parallel,
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -231,9 +261,8 @@ class AnthropicProvider(Provider):
 class _Conversion:
     """Accumulates what one request's messages contribute beyond the chat history itself."""
 
+    capture: CaptureTags
     system: list[str] = field(default_factory=list)
-    stripped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
     def add_system(self, value: Any, where: str) -> None:
         for block in _blocks(value, where):
@@ -247,7 +276,7 @@ class _Conversion:
         kept = []
         for line in text.split("\n"):
             if line.startswith(BILLING_HEADER):
-                self.stripped.append(line)
+                self.capture.stripped.append(line)
             else:
                 kept.append(line)
         return "\n".join(kept)
@@ -301,7 +330,7 @@ class _Conversion:
             return join_text(
                 [_string(b.get("text"), f"{where} text") for b in _text_blocks(block, where)]
             )
-        self.notes.append(f"dropped {kind} block at {where}")
+        self.capture.notes.append(f"dropped {kind} block at {where}")
         return None
 
     def _document_text(self, block: dict[str, Any], where: str) -> str | None:
@@ -315,7 +344,7 @@ class _Conversion:
                 if part["type"] == "text":
                     pieces.append(_string(part.get("text"), f"{where}.source[{index}].text"))
             return join_text(pieces)
-        self.notes.append(f"dropped document with {kind} source at {where}")
+        self.capture.notes.append(f"dropped document with {kind} source at {where}")
         return None
 
     def _image_url(self, block: dict[str, Any], where: str) -> str | None:
@@ -327,7 +356,7 @@ class _Conversion:
             return f"data:{media};base64,{data}"
         if kind == "url":
             return _string(source.get("url"), f"{where}.source.url")
-        self.notes.append(f"dropped image with {kind} source at {where}")
+        self.capture.notes.append(f"dropped image with {kind} source at {where}")
         return None
 
     def _tool_result(
@@ -369,7 +398,7 @@ class _Conversion:
             elif kind == "thinking":
                 reasoning.append(_thinking_text(block, at))
             else:
-                self.notes.append(f"dropped {kind} block at {at}")
+                self.capture.notes.append(f"dropped {kind} block at {at}")
         message: Message = {"role": "assistant", "content": join_text(texts)}
         if calls:
             message["tool_calls"] = calls
@@ -429,13 +458,13 @@ def _thinking_text(block: dict[str, Any], where: str) -> str:
     return _string(thinking, f"{where}.thinking")
 
 
-def _tools(raw: Any, dropped: list[str]) -> list[Tool]:
+def _tools(raw: Any, capture: CaptureTags) -> list[Tool]:
     tools: list[Tool] = []
     for index, tool in enumerate(require_list(raw, "tools")):
         tool = require_dict(tool, f"tools[{index}]")
         kind = tool.get("type")
         if kind is not None and kind != "custom":
-            dropped.append(_string(kind, f"tools[{index}].type"))
+            tools.append(_schema_tool(_string(kind, f"tools[{index}].type"), tool, index, capture))
             continue
         function: dict[str, Any] = {"name": _string(tool.get("name"), f"tools[{index}].name")}
         if tool.get("description") is not None:
@@ -450,6 +479,25 @@ def _tools(raw: Any, dropped: list[str]) -> list[Tool]:
     return tools
 
 
+def _schema_tool(kind: str, tool: dict[str, Any], index: int, capture: CaptureTags) -> Tool:
+    """An Anthropic-schema client tool as the function tool it stands for; the model calls it
+    under the client's ``name``. Server tools (web search, code execution, ...) run inside
+    Anthropic's service: nothing here can run them, so they are refused, not dropped."""
+    base, _, version = kind.rpartition("_")
+    schema = _SCHEMA_TOOLS.get(base) if version.isdigit() else None
+    if schema is None:
+        capture.feature(f"tool {kind}", "refused")
+        raise InvalidRequest(
+            f"tools[{index}]: the server tool {kind!r} runs inside Anthropic's service and is "
+            "not available here; declare a custom tool instead"
+        )
+    if kind == "text_editor_20250124":  # the only version with undo_edit
+        schema = {**schema, "properties": {**schema["properties"], "command": _UNDO_COMMANDS}}
+    name = _string(tool.get("name"), f"tools[{index}].name")
+    capture.feature(f"tool {kind}", "mapped")
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
 def _tool_choice(raw: Any) -> Any:
     if raw is None:
         return None
@@ -461,6 +509,31 @@ def _tool_choice(raw: Any) -> Any:
     if isinstance(kind, str) and kind in _TOOL_CHOICES:
         return _TOOL_CHOICES[kind]
     raise InvalidRequest("tool_choice.type must be auto, any, tool or none")
+
+
+def _parallel_tool_calls(raw: Any, has_tools: bool, capture: CaptureTags) -> bool | None:
+    """``tool_choice.disable_parallel_tool_use``: at most one tool call, forwarded as
+    ``parallel_tool_calls: false``."""
+    if not isinstance(raw, dict) or raw.get("disable_parallel_tool_use") is None:
+        return None
+    disable = raw["disable_parallel_tool_use"]
+    if not isinstance(disable, bool):
+        raise InvalidRequest("tool_choice.disable_parallel_tool_use must be a boolean")
+    if not disable or not has_tools:
+        return None
+    capture.feature("disable_parallel_tool_use", "mapped")
+    return False
+
+
+def _check_prefill(message: Message) -> None:
+    """A final assistant turn is a prefill the model continues; the API's own rules for it."""
+    if message.get("tool_calls"):
+        raise InvalidRequest(
+            "assistant prefill: the final assistant message may not hold tool_use blocks"
+        )
+    content = message.get("content")
+    if isinstance(content, str) and content != content.rstrip():
+        raise InvalidRequest("final assistant content cannot end with trailing whitespace")
 
 
 def _check_thinking(raw: Any) -> None:

@@ -99,6 +99,11 @@ class NormalizedRequest:
     # Facts only the adapter that wrote them reads back when rendering the reply (its own typed
     # state object, e.g. whether usage was asked for); nothing else may read or write it.
     adapter_state: object = None
+    # The last message is an assistant turn the model continues (Anthropic prefill): engines
+    # render it open, without a generation prompt, and the reply holds only the continuation.
+    continue_final: bool = False
+    # False when the client allows at most one tool call per reply.
+    parallel_tool_calls: bool | None = None
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-completions body for an engine; tool_choice only travels with tools."""
@@ -108,6 +113,11 @@ class NormalizedRequest:
             if self.tool_choice is not None:
                 body["tool_choice"] = self.tool_choice
         body.update(self.params.as_dict())
+        if self.continue_final:
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        if self.parallel_tool_calls is not None and self.tools:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
         return body
 
 

@@ -62,10 +62,13 @@ def render_text(
     *,
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
+    continue_final: bool = False,
 ) -> str:
     """The chat template's text for ``messages`` (and ``tools``), before tokenization.
 
-    ``chat_template`` replaces the tokenizer's own template when given.
+    ``chat_template`` replaces the tokenizer's own template when given. ``continue_final``
+    leaves the final (assistant) message open for the model to continue, with no generation
+    prompt after it (an assistant prefill).
     """
     from jinja2 import TemplateError
 
@@ -79,7 +82,8 @@ def render_text(
         text = tokenizer.apply_chat_template(
             conversation,
             tools=template_tools,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and not continue_final,
+            continue_final_message=continue_final,
             tokenize=False,
             chat_template=template,
         )

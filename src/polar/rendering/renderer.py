@@ -30,6 +30,7 @@ FRESH_NO_ASSISTANT_TURN = "no_assistant_turn"
 FRESH_UNKNOWN_TURN = "unknown_assistant_turn"
 FRESH_HISTORY_CHANGED = "history_changed"
 FRESH_TEMPLATE_GLUE = "template_glue_unknown"
+FRESH_PREFILL = "assistant_prefill"
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,20 @@ class Renderer:
         # Fast tokenizers are not safe to call from several threads at once.
         self._lock = threading.Lock()
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
+    ) -> str:
         return render_text(
             self.tokenizer,
             messages,
             tools or None,
             add_generation_prompt=True,
             chat_template=self.chat_template,
+            continue_final=continue_final,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -87,12 +95,17 @@ class Renderer:
 
     def count(self, request: NormalizedRequest) -> int:
         """The prompt length of ``request`` rendered whole (token counting endpoints)."""
-        return len(self.encode(self.render(request.messages, request.tools)))
+        text = self.render(request.messages, request.tools, continue_final=request.continue_final)
+        return len(self.encode(text))
 
     def plan(self, book: TurnBook, request: NormalizedRequest) -> PromptPlan:
         """The prompt for ``request``: an exact extension of a sampled turn where possible."""
         messages, tools = request.messages, request.tools
         digest = context_digest(messages, tools)
+        if request.continue_final:
+            # A prefill is new text inside an open assistant turn: rendered whole, left open.
+            text = self.render(messages, tools, continue_final=True)
+            return PromptPlan(self.encode(text), digest, fresh_reason=FRESH_PREFILL)
         last = _last_assistant(messages)
         if last is None:
             return self._whole(messages, tools, digest, FRESH_NO_ASSISTANT_TURN)

@@ -147,7 +147,6 @@ def claude_code_body(billing: str = BILLING) -> dict[str, Any]:
                 "input_schema": READ_SCHEMA,
                 "cache_control": {"type": "ephemeral"},
             },
-            {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
         ],
         "tool_choice": {"type": "auto", "disable_parallel_tool_use": False},
     }
@@ -277,7 +276,7 @@ def test_parse_claude_code_request() -> None:
             "function": {"name": "Read", "description": "Read a file", "parameters": READ_SCHEMA},
         },
     ]
-    assert request.dropped_tools == ["web_search_20250305"]
+    assert request.dropped_tools == []
     assert request.tool_choice == "auto"
     assert request.params.as_dict() == {"max_tokens": 32000, "temperature": 1.0}
     assert request.requested_model == "claude-sonnet-4-5"
@@ -522,21 +521,11 @@ def test_tool_choice(choice: Any, expected: Any) -> None:
 
 
 def test_tool_choice_dropped_without_tools_and_schema_defaults() -> None:
-    only_server = parse(
-        {
-            "model": "m",
-            "max_tokens": 8,
-            "messages": [user("hi")],
-            "tools": [
-                {"type": "bash_20250124", "name": "bash"},
-                {"type": "text_editor_20250728", "name": "e"},
-            ],
-            "tool_choice": {"type": "any"},
-        }
+    no_tools = parse(
+        {"model": "m", "max_tokens": 8, "messages": [user("hi")], "tool_choice": {"type": "any"}}
     )
-    assert only_server.tools == []
-    assert only_server.tool_choice is None
-    assert only_server.dropped_tools == ["bash_20250124", "text_editor_20250728"]
+    assert no_tools.tools == []
+    assert no_tools.tool_choice is None
 
     custom = parse(
         {"model": "m", "messages": [user("hi")], "tools": [{"type": "custom", "name": "noop"}]}
@@ -988,3 +977,136 @@ def test_parse_does_not_mutate_the_body() -> None:
 def test_an_empty_message_list_is_refused_before_any_engine_sees_it() -> None:
     with pytest.raises(InvalidRequest, match="at least one message"):
         PROVIDER.parse_request({"model": "m", "max_tokens": 8, "messages": []}, CTX)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "commands"),
+    [
+        (
+            "text_editor_20250124",
+            "str_replace_editor",
+            ["view", "create", "str_replace", "insert", "undo_edit"],
+        ),
+        (
+            "text_editor_20250429",
+            "str_replace_based_edit_tool",
+            ["view", "create", "str_replace", "insert"],
+        ),
+        (
+            "text_editor_20250728",
+            "str_replace_based_edit_tool",
+            ["view", "create", "str_replace", "insert"],
+        ),
+    ],
+)
+def test_text_editor_schema_tools_become_function_tools(kind, name, commands) -> None:
+    request = parse(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [user("hi")],
+            "tools": [{"type": kind, "name": name}],
+        }
+    )
+    (tool,) = request.tools
+    assert tool["function"]["name"] == name
+    schema = tool["function"]["parameters"]
+    assert schema["properties"]["command"]["enum"] == commands
+    assert set(schema["properties"]) == {
+        "command",
+        "path",
+        "file_text",
+        "old_str",
+        "new_str",
+        "insert_line",
+        "view_range",
+    }
+    assert request.dropped_tools == []
+    assert request.capture.features == {f"tool {kind}": "mapped"}
+
+
+def test_bash_schema_tool_becomes_a_function_tool() -> None:
+    request = parse(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [user("hi")],
+            "tools": [{"type": "bash_20250124", "name": "bash"}],
+            "tool_choice": {"type": "any"},
+        }
+    )
+    assert request.tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}, "restart": {"type": "boolean"}},
+                },
+            },
+        }
+    ]
+    assert request.tool_choice == "required"
+    assert "feature tool bash_20250124: mapped" in request.capture.record_notes()
+
+
+@pytest.mark.parametrize("kind", ["web_search_20250305", "code_execution_20250522", "mcp"])
+def test_server_tools_are_refused_naming_the_tool(kind) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [user("hi")],
+        "tools": [{"type": kind, "name": "x"}],
+    }
+    with pytest.raises(InvalidRequest, match=kind):
+        parse(body)
+
+
+def test_assistant_prefill_is_continued() -> None:
+    request = parse(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [user("Give JSON"), {"role": "assistant", "content": '{"a":'}],
+        }
+    )
+    assert request.messages[-1] == {"role": "assistant", "content": '{"a":'}
+    assert request.continue_final
+    body = request.chat_body()
+    assert body["continue_final_message"] is True
+    assert body["add_generation_prompt"] is False
+    assert request.capture.features == {"assistant prefill": "honoured"}
+
+
+@pytest.mark.parametrize(
+    ("last", "message"),
+    [
+        ({"role": "assistant", "content": "Sure "}, "trailing whitespace"),
+        (
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            },
+            "prefill",
+        ),
+    ],
+)
+def test_assistant_prefill_rules(last, message) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse({"model": "m", "max_tokens": 8, "messages": [user("hi"), last]})
+
+
+def test_disable_parallel_tool_use_is_forwarded() -> None:
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    request = parse(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [user("hi")],
+            "tools": [tool],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+        }
+    )
+    assert request.chat_body()["parallel_tool_calls"] is False
+    assert request.capture.features == {"disable_parallel_tool_use": "mapped"}
