@@ -112,6 +112,8 @@ class GatewayRelay:
             self._server = await serve_unix_to_tcp(str(socket_path), self.host, self.port)
         else:
             self._server = await self._serve_model_api(str(socket_path), self.model_api)
+        # The sandbox's user (65534 in docker and bubblewrap) must be able to connect.
+        os.chmod(socket_path, 0o666)
 
     async def _serve_model_api(self, path: str, app: AsgiApp) -> asyncio.AbstractServer:
         """uvicorn's HTTP protocol on the socket, in this loop, without a uvicorn Server (no
@@ -136,7 +138,6 @@ class GatewayRelay:
             path=path,
             backlog=SANDBOX_LIMITS.backlog,
         )
-        os.chmod(path, 0o666)
         return server
 
     async def stop(self) -> None:
