@@ -33,7 +33,7 @@ import orjson
 import zstandard
 
 from polar.capture.records import CaptureRecord
-from polar.capture.rows import BODY_FIELDS, RowDecoder
+from polar.capture.rows import BODY_FIELDS, RowDecoder, decompress_body
 from polar.capture.token_blobs import PrefixIndex, exact_ids, logprobs_to_blob
 from polar.errors import CaptureError, CaptureUnavailable, CorruptRecord, InsufficientStorage
 
@@ -65,6 +65,12 @@ CREATE TABLE IF NOT EXISTS completions (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS completions_by_session ON completions (session_id, seq);
+CREATE TABLE IF NOT EXISTS replies (
+    reply_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    completion_id TEXT NOT NULL,
+    body BLOB NOT NULL
+);
 """
 
 Synchronous = Literal["NORMAL", "FULL"]
@@ -180,6 +186,16 @@ class CaptureStore:
         """Mark a session closed: its key must not come back to life when a gateway restarts."""
         await asyncio.wrap_future(self.submit(("close", session_id)))
 
+    async def keep_reply(
+        self, session_id: str, reply_id: str, completion_id: str, body: dict[str, Any]
+    ) -> None:
+        """Keep the reply a client may fetch again or continue (APIs with stored responses)."""
+        await asyncio.wrap_future(self.submit(("reply", session_id, reply_id, completion_id, body)))
+
+    async def forget_reply(self, session_id: str, reply_id: str) -> bool:
+        """Drop a kept reply (its call's record stays); False if the session has none by that id."""
+        return bool(await asyncio.wrap_future(self.submit(("forget", session_id, reply_id))))
+
     async def delete_session(self, session_id: str) -> None:
         """Drop a session's calls; its row stays, closed (a deleted id is never reopened)."""
         await asyncio.wrap_future(self.submit(("delete", session_id)))
@@ -283,7 +299,12 @@ class CaptureStore:
                 return ("session", op[1], orjson.dumps(op[2]))
             except orjson.JSONEncodeError as exc:
                 raise CaptureError(f"session metadata cannot be stored: {exc}") from exc
-        if kind in ("close", "delete"):
+        if kind == "reply":
+            try:
+                return ("reply", *op[1:4], self._compressor.compress(orjson.dumps(op[4])))
+            except orjson.JSONEncodeError as exc:
+                raise CaptureError(f"reply cannot be stored: {exc}") from exc
+        if kind in ("close", "delete", "forget"):
             return op
         raise ValueError(f"unknown store operation {kind!r}")
 
@@ -322,8 +343,19 @@ class CaptureStore:
         if kind == "close":
             self._close(conn, op[1])
             return None
+        if kind == "reply":
+            conn.execute(
+                "INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?)", (op[2], op[1], *op[3:])
+            )
+            return None
+        if kind == "forget":
+            cursor = conn.execute(
+                "DELETE FROM replies WHERE reply_id = ? AND session_id = ?", (op[2], op[1])
+            )
+            return cursor.rowcount > 0
         # delete: the calls go; the session's row stays, closed, so its id is never reused
         conn.execute("DELETE FROM completions WHERE session_id = ?", (op[1],))
+        conn.execute("DELETE FROM replies WHERE session_id = ?", (op[1],))
         self._close(conn, op[1])
         self._prefixes.forget(op[1])
         self._seq.pop(op[1], None)
@@ -464,6 +496,17 @@ class CaptureStore:
         if row is None or (session_id is not None and row["session_id"] != session_id):
             return None
         return RowDecoder(self._row).record(row)
+
+    def reply(self, reply_id: str, session_id: str) -> tuple[str, dict[str, Any]] | None:
+        """A kept reply of ``session_id``: its call's completion id and its body (None if the
+        session kept none by that id)."""
+        rows = self._rows(
+            "SELECT completion_id, body FROM replies WHERE reply_id = ? AND session_id = ?",
+            (reply_id, session_id),
+        )
+        if not rows:
+            return None
+        return rows[0]["completion_id"], orjson.loads(decompress_body(rows[0]["body"]))
 
     def storage_stats(self, session_id: str) -> dict[str, int]:
         """Prompt tokens captured vs stored, to show the prefix sharing at work."""

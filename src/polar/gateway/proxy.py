@@ -44,9 +44,11 @@ from polar.gateway.sessions import (
     key_from_headers,
     split_session_prefix,
 )
+from polar.gateway.stored_replies import StoredReplies
 from polar.harnesses.registry import harnesses, side_call_tag
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
 from polar.providers.registry import ProviderSet
+from polar.providers.stateful import RETRIEVE
 from polar.providers.types import Completion, NormalizedRequest
 from polar.schemas.ids import is_valid_id
 
@@ -89,6 +91,7 @@ class Proxy:
         self.policy_version = config.policy_version
         self.pause_wait_s = 600.0
         self.prompts: TokenPrompts | None = None
+        self.replies = StoredReplies(store)
         self._facts: EngineFacts | None = None
         self._facts_lock = asyncio.Lock()
 
@@ -108,6 +111,9 @@ class Proxy:
         try:
             if matched is None and (ctx.path not in _BARE_PATHS or request.method != "POST"):
                 raise NotFound(f"no model API at {request.method} {ctx.path}")
+            if matched is not None and matched[1] == RETRIEVE:
+                session = self._known_session(key or key_from_headers(ctx.headers, ctx.query))
+                return json_response(await self.replies.answer(matched[0], session, ctx))
             if matched is not None and request.method != "POST":
                 raise NotFound(f"{ctx.path} accepts POST only")
             # The key before the body: an unknown caller's body is never read.
@@ -126,6 +132,7 @@ class Proxy:
             assert provider is not None
             session = session or await self._register(key)
             normalized = provider.parse_request(body, ctx)
+            await self.replies.resume(provider, session, normalized)
             tag_side_call(session, normalized, ctx)
             if operation == COUNT_TOKENS:
                 return json_response(provider.render_token_count(await self._count(normalized)))
@@ -211,6 +218,7 @@ class Proxy:
         if plan is not None and self.prompts is not None:
             self.prompts.remember(session.session_id, plan, record.completion_id, result)
         completion = with_gateway_id(result.completion, record)
+        await self.replies.keep(provider, session, completion, normalized)
         if normalized.stream:
             frames = provider.render_stream(completion, normalized)
             return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from polar.errors import GatewayError, InvalidRequest
+from polar.errors import GatewayError, InvalidRequest, NotFound
 from polar.providers.base import (
     COUNT_TOKENS,
     GENERATE,
@@ -39,6 +39,7 @@ from polar.providers.base import (
 )
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.stateful import RETRIEVE, StatefulReplies
 from polar.providers.types import (
     CaptureTags,
     Completion,
@@ -82,9 +83,9 @@ _REASONING, _CONTENT, _CALLS = 0, 1, 2
 _CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
 _OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
 
-_PREVIOUS_RESPONSE_NOTE = (
-    "previous_response_id is not supported: the gateway is stateless, so only the items in "
-    "`input` reach the model"
+_CONVERSATION_REFUSED = (
+    "conversation is not supported by this gateway; use previous_response_id to continue a "
+    "stored response"
 )
 
 
@@ -95,6 +96,9 @@ class ResponsesState:
     custom_tools: list[str] = field(default_factory=list)  # calls to these are custom_tool_call
     local_shell: bool = False  # a local_shell tool was declared: its calls are local_shell_call
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the Response repeats
+    previous_response_id: str | None = None  # the stored response this call continues
+    store: bool = True  # keep the Response for retrieval and continuation (the API's default)
+    instructions: str | None = None  # leads the system message; never carried to a next call
 
 
 def _state(request: NormalizedRequest) -> ResponsesState:
@@ -102,15 +106,21 @@ def _state(request: NormalizedRequest) -> ResponsesState:
     return state if isinstance(state, ResponsesState) else ResponsesState()
 
 
-class OpenAIResponsesProvider(Provider):
-    """Adapter for ``POST /v1/responses`` and ``POST /v1/responses/input_tokens``."""
+class OpenAIResponsesProvider(Provider, StatefulReplies):
+    """Adapter for ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` and
+    ``GET``/``DELETE /v1/responses/{id}`` (responses stored per session)."""
 
     name = "openai_responses"
 
     def operation(self, ctx: RequestContext) -> str | None:
+        path = ctx.path.rstrip("/")
+        if ctx.method.upper() in ("GET", "DELETE"):
+            head, _, reply_id = path.rpartition("/")
+            if head.endswith("/responses") and reply_id and reply_id != "input_tokens":
+                return RETRIEVE
+            return None
         if ctx.method.upper() != "POST":
             return None
-        path = ctx.path.rstrip("/")
         if path.endswith("/responses/input_tokens"):
             return COUNT_TOKENS
         if path.endswith("/responses"):
@@ -144,14 +154,23 @@ class OpenAIResponsesProvider(Provider):
         messages = history.finish()
 
         tool_choice = _convert_tool_choice(body.get("tool_choice"))
+        if body.get("conversation") is not None:
+            raise InvalidRequest(_CONVERSATION_REFUSED)
         previous = _optional_str(body, "previous_response_id")
         _check_accepted(body)
         state = ResponsesState(
-            custom_tools=tools.custom, local_shell=tools.local_shell, echo=_echo_fields(body)
+            custom_tools=tools.custom,
+            local_shell=tools.local_shell,
+            echo=_echo_fields(body),
+            previous_response_id=previous,
+            store=body.get("store") is not False,
+            instructions=instructions or None,
         )
-        capture = CaptureTags(
-            notes=[_PREVIOUS_RESPONSE_NOTE] if previous else [], ignored_items=history.ignored
-        )
+        capture = CaptureTags(ignored_items=history.ignored)
+        if previous:
+            capture.feature("previous_response_id", "honoured")
+        if state.store:
+            capture.feature("store", "honoured")
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -193,6 +212,54 @@ class OpenAIResponsesProvider(Provider):
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"object": "response.input_tokens", "input_tokens": count}
 
+    # -- stored responses (previous_response_id, GET/DELETE /responses/{id})
+
+    def reply_id(self, ctx: RequestContext) -> str:
+        return ctx.path.rstrip("/").rpartition("/")[2]
+
+    def reply_to_store(
+        self, completion: Completion, request: NormalizedRequest
+    ) -> tuple[str, dict[str, Any]] | None:
+        if not _state(request).store:
+            return None
+        reply = self.render_response(completion, request)
+        return reply["id"], reply
+
+    def continues(self, request: NormalizedRequest) -> str | None:
+        return _state(request).previous_response_id
+
+    def continue_after(
+        self, request: NormalizedRequest, context: list[Message], stored: dict[str, Any]
+    ) -> None:
+        """The stored response's messages, then this call's. As in the real API the earlier
+        ``instructions`` are not carried over (this call's own lead the system message), while
+        system and developer input items are; the gateway keeps all of it in one leading system
+        message, as for any request."""
+        earlier = list(context)
+        old_system = ""
+        if earlier and earlier[0].get("role") == "system":
+            old_system = _without_lead(
+                earlier.pop(0).get("content") or "", stored.get("instructions")
+            )
+        own = list(request.messages)
+        new_system = ""
+        if own and own[0].get("role") == "system":
+            new_system = _without_lead(
+                own.pop(0).get("content") or "", _state(request).instructions
+            )
+        parts = (_state(request).instructions or "", old_system, new_system)
+        system = "\n\n".join(part for part in parts if part)
+        lead: list[Message] = [{"role": "system", "content": system}] if system else []
+        request.messages = lead + earlier + own
+
+    def deleted(self, reply_id: str) -> dict[str, Any]:
+        return {"id": reply_id, "object": "response", "deleted": True}
+
+    def not_found(self, reply_id: str, *, continued: bool) -> GatewayError:
+        if continued:
+            return InvalidRequest(f"Previous response with id '{reply_id}' not found.")
+        return NotFound(f"Response with id '{reply_id}' not found.")
+
 
 # --------------------------------------------------------------------------- request: fields
 
@@ -231,13 +298,23 @@ def _check_accepted(body: Mapping[str, Any]) -> None:
         raise InvalidRequest("include must be an array of strings")
 
 
+def _without_lead(system: str, instructions: Any) -> str:
+    """A system message's text less the ``instructions`` it starts with (joined by a blank line,
+    as :class:`_History` joins them)."""
+    if not isinstance(instructions, str) or not instructions:
+        return system
+    if system == instructions:
+        return ""
+    return system.removeprefix(instructions + "\n\n")
+
+
 def _echo_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """Request fields the Response object repeats back (sampling values come from params)."""
     echo: dict[str, Any] = {
         "instructions": body.get("instructions"),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"),
-        "store": body.get("store", False),
+        "store": body.get("store") is not False,
         "tool_choice": body.get("tool_choice") or "auto",
         "tools": body.get("tools") or [],
     }
@@ -666,7 +743,7 @@ def _response_object(
         "parallel_tool_calls": echo.get("parallel_tool_calls", True),
         "previous_response_id": echo.get("previous_response_id"),
         "reasoning": echo.get("reasoning", {"effort": None, "summary": None}),
-        "store": echo.get("store", False),
+        "store": echo.get("store", True),
         "temperature": request.params.temperature,
         "text": {"format": {"type": "text"}},
         "tool_choice": echo.get("tool_choice", "auto"),

@@ -23,6 +23,7 @@ from polar.errors import (
 from polar.providers.base import COUNT_TOKENS, GENERATE, RequestContext
 from polar.providers.openai_responses import OpenAIResponsesProvider
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.stateful import RETRIEVE
 from polar.providers.types import Completion, NormalizedRequest, ToolCall
 
 CTX = RequestContext(path="/v1/responses")
@@ -451,11 +452,64 @@ def test_local_shell_output_by_item_id_and_ignored_items() -> None:
     assert request.capture.ignored_items == ["web_search_call", "compaction"]
 
 
-def test_previous_response_id_is_recorded_not_fatal() -> None:
+def test_previous_response_id_is_left_to_the_gateway_to_resolve() -> None:
     request = parse({"input": "more", "previous_response_id": "resp_123"})
     assert request.adapter_state.echo["previous_response_id"] == "resp_123"
-    assert "stateless" in request.capture.notes[0]
+    assert PROVIDER.continues(request) == "resp_123"
+    assert request.capture.features["previous_response_id"] == "honoured"
     assert request.messages == [{"role": "user", "content": "more"}]
+
+
+def test_continuation_puts_the_stored_context_first_and_drops_old_instructions() -> None:
+    request = parse(
+        {
+            "input": [
+                {"role": "developer", "content": "Be brief."},
+                {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+            ],
+            "instructions": "New rules.",
+            "previous_response_id": "resp_1",
+        }
+    )
+    context = [
+        {"role": "system", "content": "Old rules.\n\nUse tools."},
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": "", "tool_calls": [call("c1", "shell", "{}")]},
+    ]
+    PROVIDER.continue_after(request, context, {"instructions": "Old rules."})
+    assert request.messages == [
+        {"role": "system", "content": "New rules.\n\nUse tools.\n\nBe brief."},
+        *context[1:],
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+
+
+def test_same_instructions_keep_the_continued_prompt_a_prefix_extension() -> None:
+    request = parse({"input": "more", "instructions": "Rules.", "previous_response_id": "r"})
+    context = [{"role": "system", "content": "Rules."}, {"role": "user", "content": "hi"}]
+    stored = {"instructions": "Rules."}
+    PROVIDER.continue_after(request, [*context, {"role": "assistant", "content": "yo"}], stored)
+    assert request.messages[:2] == context
+
+
+def test_stored_replies_and_their_paths() -> None:
+    request = parse({"input": "x"})
+    completion = Completion(id="chatcmpl-1", model="m", content="ok")
+    kept = PROVIDER.reply_to_store(completion, request)
+    assert kept is not None and kept[0] == "resp_chatcmpl-1" and kept[1]["store"] is True
+    assert PROVIDER.reply_to_store(completion, parse({"input": "x", "store": False})) is None
+    get = RequestContext(path="/v1/responses/resp_chatcmpl-1", method="GET")
+    assert PROVIDER.operation(get) == RETRIEVE
+    assert PROVIDER.reply_id(get) == "resp_chatcmpl-1"
+    assert PROVIDER.operation(RequestContext(path="/v1/responses/x", method="DELETE")) == RETRIEVE
+    assert PROVIDER.operation(RequestContext(path="/v1/responses", method="GET")) is None
+    assert PROVIDER.not_found("r", continued=True).status == 400
+    assert PROVIDER.not_found("r", continued=False).status == 404
+
+
+def test_conversation_is_refused_by_name() -> None:
+    with pytest.raises(InvalidRequest, match="conversation is not supported"):
+        parse({"input": "x", "conversation": "conv_1"})
 
 
 def test_sampling_params_and_accepted_fields() -> None:
