@@ -20,7 +20,15 @@ from polar.errors import (
     GatewayError,
     RateLimited,
 )
-from polar.providers.types import NormalizedRequest
+from polar.providers.types import NormalizedRequest, ResponseFormat
+
+
+def vllm_structured_outputs(response_format: ResponseFormat) -> dict[str, Any]:
+    """vLLM's structured output on ``/v1/completions`` (``guided_json`` before 0.11, removed
+    in 0.12): ``structured_outputs`` with ``json`` (a schema) or ``json_object``."""
+    if response_format.kind == "json_object":
+        return {"structured_outputs": {"json_object": True}}
+    return {"structured_outputs": {"json": response_format.schema}}
 
 
 class OpenAICompatEngine(Engine):
@@ -36,6 +44,9 @@ class OpenAICompatEngine(Engine):
     # Where token prompts go, and how the reply is read (vLLM's shape unless overridden).
     token_path: ClassVar[str] = "/v1/completions"
     read_token_reply = staticmethod(from_vllm_completion)
+    # The body fields that ask a token prompt for structured output (chat bodies carry
+    # ``response_format`` as OpenAI does, which vLLM and SGLang both take).
+    token_structured_output = staticmethod(vllm_structured_outputs)
 
     def __init__(
         self,
@@ -85,6 +96,8 @@ class OpenAICompatEngine(Engine):
         body: dict[str, Any] = {"model": request.model, "prompt": prompt_ids}
         body.update(request.params.as_dict())
         body.update({"return_token_ids": True, "logprobs": 0, "stream": False})
+        if request.response_format is not None:
+            body.update(self.token_structured_output(request.response_format))
         body.update(self.extra_body)
         return body
 

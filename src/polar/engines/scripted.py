@@ -103,6 +103,7 @@ class ScriptedBackend:
         self.noncanonical = noncanonical
         self.eot_id = int(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.log: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []  # every body it received, as received
 
     def prompt_ids(
         self,
@@ -207,6 +208,7 @@ class ScriptedBackend:
     def respond_tokens(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
         """``/v1/completions`` with a token prompt, shaped like vLLM's ``return_token_ids``."""
         self.check_model(body)
+        _check_structured_output(_token_schema(body), reply)
         prompt = body.get("prompt")
         vocab = len(self.tokenizer)
         if (
@@ -245,6 +247,7 @@ class ScriptedBackend:
 
     def respond(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
         self.check_model(body)
+        _check_structured_output(_chat_schema(body), reply)
         messages = body.get("messages") or []
         tools = body.get("tools") or None
         prompt = self.prompt_ids(
@@ -280,6 +283,88 @@ class ScriptedBackend:
         return reply_body
 
 
+def _chat_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema a chat body's ``response_format`` asks for (``{}`` for any JSON object)."""
+    spec = body.get("response_format")
+    if not isinstance(spec, dict) or spec.get("type") in (None, "text"):
+        return None
+    if spec.get("type") == "json_schema":
+        return dict((spec.get("json_schema") or {}).get("schema") or {})
+    return {"type": "object"}
+
+
+def _token_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema a token prompt's ``structured_outputs`` asks for (vLLM's shape)."""
+    spec = body.get("structured_outputs")
+    if not isinstance(spec, dict):
+        return None
+    if isinstance(spec.get("json"), dict):
+        return dict(spec["json"])
+    return {"type": "object"} if spec.get("json_object") else None
+
+
+def _check_structured_output(schema: dict[str, Any] | None, reply: ScriptedReply) -> None:
+    """A strict engine's output always matches the schema it was given; a scripted reply that
+    would not is a script error, answered as one rather than sent on as if constrained."""
+    if schema is None or reply.error_status:
+        return
+    try:
+        value = json.loads(reply.content)
+    except json.JSONDecodeError as exc:
+        raise EngineRefusal(
+            400, f"structured output: the scripted reply is not JSON ({exc})"
+        ) from exc
+    problem = _schema_problem(value, schema, "$")
+    if problem:
+        raise EngineRefusal(400, f"structured output: the scripted reply {problem}")
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def _schema_problem(value: Any, schema: dict[str, Any], at: str) -> str | None:
+    """The first way ``value`` breaks ``schema`` (type, enum, required, properties, items,
+    additionalProperties: false), or None; enough JSON Schema for scripted replies."""
+    kinds = schema.get("type")
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    if isinstance(kinds, list):
+        is_bool = isinstance(value, bool)
+        if not any(
+            isinstance(value, _JSON_TYPES.get(k, ())) and (k == "boolean" or not is_bool)
+            for k in kinds
+        ):
+            return f"has {at} that is not of type {'/'.join(kinds)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"has {at} outside its enum"
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        for name in schema.get("required") or []:
+            if name not in value:
+                return f"lacks the required {at}.{name}"
+        for name, item in value.items():
+            if name in properties:
+                problem = _schema_problem(item, properties[name], f"{at}.{name}")
+                if problem:
+                    return problem
+            elif schema.get("additionalProperties") is False:
+                return f"has {at}.{name}, which the schema does not allow"
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            problem = _schema_problem(item, schema["items"], f"{at}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
 def _stops(body: dict[str, Any]) -> list[str]:
     stop = body.get("stop")
     return [stop] if isinstance(stop, str) else [s for s in stop or [] if isinstance(s, str)]
@@ -296,6 +381,7 @@ def create_scripted_app(backend: ScriptedBackend) -> Starlette:
 
     async def answer(request: Request, respond: Any) -> Response:
         body = await request.json()
+        backend.requests.append(body)
         reply = backend.script.next()
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)

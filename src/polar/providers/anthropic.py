@@ -55,6 +55,7 @@ from polar.providers.types import (
     Completion,
     Message,
     NormalizedRequest,
+    ResponseFormat,
     SamplingParams,
     Tool,
 )
@@ -197,6 +198,7 @@ class AnthropicProvider(Provider):
             stream=stream,
             requested_model=model,
             capture=capture,
+            response_format=_output_format(body, capture),
             continue_final=prefill,
             parallel_tool_calls=parallel,
         )
@@ -534,6 +536,27 @@ def _check_prefill(message: Message) -> None:
     content = message.get("content")
     if isinstance(content, str) and content != content.rstrip():
         raise InvalidRequest("final assistant content cannot end with trailing whitespace")
+
+
+def _output_format(body: Mapping[str, Any], capture: CaptureTags) -> ResponseFormat | None:
+    """``output_config.format`` (or the beta's top-level ``output_format``): a ``json_schema``
+    with ``schema``, mapped to the engine's response_format."""
+    config = body.get("output_config")
+    spec = require_dict(config, "output_config").get("format") if config is not None else None
+    if spec is None:
+        spec = body.get("output_format")
+    if spec is None:
+        return None
+    spec = require_dict(spec, "output_config.format")
+    if spec.get("type") != "json_schema":
+        raise InvalidRequest(
+            f"structured output: output_config.format type {spec.get('type')!r} is not "
+            "supported (json_schema)"
+        )
+    capture.feature("structured_output", "mapped")
+    return ResponseFormat(
+        "json_schema", schema=require_dict(spec.get("schema"), "output_config.format.schema")
+    )
 
 
 def _check_thinking(raw: Any) -> None:

@@ -44,7 +44,15 @@ from polar.providers.base import (
     stop_list,
 )
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
-from polar.providers.types import Completion, Message, NormalizedRequest, SamplingParams, Tool
+from polar.providers.types import (
+    CaptureTags,
+    Completion,
+    Message,
+    NormalizedRequest,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+)
 
 _OPERATIONS = {
     "generateContent": GENERATE,
@@ -138,6 +146,7 @@ class GoogleProvider(Provider):
         if thinking is not None:
             thinking = _fields(require_dict(thinking, "generationConfig.thinkingConfig"))
             state.include_thoughts = thinking.get("includeThoughts") is True
+        capture = CaptureTags()
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -149,6 +158,8 @@ class GoogleProvider(Provider):
             dropped_tools=dropped,
             requested_model=model,
             adapter_state=state,
+            capture=capture,
+            response_format=_response_format(gen, capture),
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -475,6 +486,30 @@ def _tool_choice(raw: Any) -> Any:
         name = _text_of(allowed[0], "allowedFunctionNames[]")
         return {"type": "function", "function": {"name": name}}
     return choice
+
+
+def _response_format(gen: dict[str, Any], capture: CaptureTags) -> ResponseFormat | None:
+    """``responseMimeType: application/json`` with ``responseJsonSchema`` (JSON Schema) or
+    ``responseSchema`` (Gemini's OpenAPI subset), mapped to the engine's response_format;
+    other constrained types (``text/x.enum``) are a 400 naming structured output."""
+    mime = gen.get("responseMimeType")
+    json_schema = gen.get("responseJsonSchema", gen.get("_responseJsonSchema"))
+    schema = gen.get("responseSchema")
+    if mime in (None, "text/plain") and json_schema is None and schema is None:
+        return None
+    if mime != "application/json":
+        raise InvalidRequest(
+            f"structured output: responseMimeType {mime!r} is not supported with a response "
+            "schema (application/json)"
+        )
+    capture.feature("structured_output", "mapped")
+    if json_schema is not None:
+        return ResponseFormat(
+            "json_schema", schema=require_dict(json_schema, "generationConfig.responseJsonSchema")
+        )
+    if schema is not None:
+        return ResponseFormat("json_schema", schema=_json_schema(schema))
+    return ResponseFormat("json_object")
 
 
 def _sampling(gen: dict[str, Any]) -> SamplingParams:

@@ -27,7 +27,14 @@ from polar.providers.base import (
     stop_list,
 )
 from polar.providers.openai_errors import openai_error_body
-from polar.providers.types import Completion, Message, NormalizedRequest, SamplingParams, Tool
+from polar.providers.types import (
+    Completion,
+    Message,
+    NormalizedRequest,
+    ResponseFormat,
+    SamplingParams,
+    Tool,
+)
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -94,7 +101,8 @@ class OpenAIChatProvider(Provider):
             raise InvalidRequest("model must be a string")
         if not isinstance(body.get("stream", False), bool | None):
             raise InvalidRequest("stream must be a boolean")
-        return NormalizedRequest(
+        response_format = _response_format(body.get("response_format"))
+        normalized = NormalizedRequest(
             provider=self.name,
             model=model if isinstance(model, str) else "",
             messages=messages,
@@ -112,7 +120,11 @@ class OpenAIChatProvider(Provider):
             dropped_tools=dropped,
             requested_model=model,
             adapter_state=ChatState(include_usage=include_usage),
+            response_format=response_format,
         )
+        if response_format is not None:
+            normalized.capture.feature("structured_output", "honoured")
+        return normalized
 
     # -- response ------------------------------------------------------------------------
 
@@ -308,3 +320,28 @@ def _tool_choice(choice: Any) -> Any:
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
             return {"type": "function", "function": {"name": fn["name"]}}
     raise InvalidRequest("tool_choice must be auto, none, required or a named function")
+
+
+def _response_format(value: Any) -> ResponseFormat | None:
+    """``response_format``: text (no constraint), json_object or json_schema; else a 400."""
+    if value is None:
+        return None
+    spec = require_dict(value, "response_format")
+    kind = spec.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind == "json_schema":
+        schema = require_dict(spec.get("json_schema"), "response_format.json_schema")
+        strict = schema.get("strict")
+        return ResponseFormat(
+            "json_schema",
+            schema=require_dict(schema.get("schema"), "response_format.json_schema.schema"),
+            name=str(schema.get("name") or "response"),
+            strict=strict if isinstance(strict, bool) else None,
+        )
+    raise InvalidRequest(
+        f"structured output: response_format type {kind!r} is not supported "
+        "(text, json_object or json_schema)"
+    )

@@ -45,6 +45,7 @@ from polar.providers.types import (
     Completion,
     Message,
     NormalizedRequest,
+    ResponseFormat,
     SamplingParams,
     Tool,
     ToolCall,
@@ -188,6 +189,7 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
             requested_model=model,
             capture=capture,
             adapter_state=state,
+            response_format=_text_format(body.get("text"), capture),
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -324,6 +326,37 @@ def _echo_fields(body: Mapping[str, Any]) -> dict[str, Any]:
             k: reasoning.get(k) for k in ("effort", "summary") if isinstance(reasoning.get(k), str)
         }
     return echo
+
+
+def _text_format(text: Any, capture: CaptureTags) -> ResponseFormat | None:
+    """``text.format``: text (no constraint), json_object, or json_schema with ``name``,
+    ``schema`` and ``strict`` beside ``type``; mapped to the engine's response_format."""
+    if text is None:
+        return None
+    spec = require_dict(text, "text").get("format")
+    if spec is None:
+        return None
+    spec = require_dict(spec, "text.format")
+    kind = spec.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        result = ResponseFormat("json_object")
+    elif kind == "json_schema":
+        strict = spec.get("strict")
+        result = ResponseFormat(
+            "json_schema",
+            schema=require_dict(spec.get("schema"), "text.format.schema"),
+            name=str(spec.get("name") or "response"),
+            strict=strict if isinstance(strict, bool) else None,
+        )
+    else:
+        raise InvalidRequest(
+            f"structured output: text.format type {kind!r} is not supported "
+            "(text, json_object or json_schema)"
+        )
+    capture.feature("structured_output", "mapped")
+    return result
 
 
 # --------------------------------------------------------------------------- request: tools

@@ -49,6 +49,36 @@ class SamplingParams:
 FeatureFate = Literal["honoured", "mapped", "refused"]
 
 
+@dataclass(frozen=True)
+class ResponseFormat:
+    """Structured output the client asked for, whatever its API called it: any JSON object
+    (``json_object``) or JSON matching ``schema`` (``json_schema``; ``name`` and ``strict`` as
+    OpenAI's ``json_schema`` carries them)."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+    name: str = "response"
+    strict: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "json_schema" and not isinstance(self.schema, dict):
+            raise InvalidRequest("structured output: a json_schema format needs a schema object")
+
+    def openai_body(self) -> dict[str, Any]:
+        """Chat-completions ``response_format``, the shape vLLM and SGLang take on chat (and vLLM
+        on ``/v1/completions``)."""
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        spec: dict[str, Any] = {"name": self.name, "schema": self.schema}
+        if self.strict is not None:
+            spec["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": spec}
+
+    def schema_or_object(self) -> dict[str, Any]:
+        """The JSON schema output must match (any object for ``json_object``)."""
+        return self.schema if self.schema is not None else {"type": "object"}
+
+
 @dataclass
 class CaptureTags:
     """What the capture record says about a call beyond the call itself.
@@ -104,6 +134,9 @@ class NormalizedRequest:
     continue_final: bool = False
     # False when the client allows at most one tool call per reply.
     parallel_tool_calls: bool | None = None
+    # Structured output (chat response_format, Responses text.format, Anthropic
+    # output_config.format, Gemini responseSchema), forwarded to the engine.
+    response_format: ResponseFormat | None = None
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-completions body for an engine; tool_choice only travels with tools."""
@@ -113,6 +146,8 @@ class NormalizedRequest:
             if self.tool_choice is not None:
                 body["tool_choice"] = self.tool_choice
         body.update(self.params.as_dict())
+        if self.response_format is not None:
+            body["response_format"] = self.response_format.openai_body()
         if self.continue_final:
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False

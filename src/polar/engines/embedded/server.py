@@ -186,9 +186,7 @@ def parse_params(body: dict[str, Any]) -> GenerationParams:
     ]
     if body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict):
         ignored.append("tool_choice")
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        ignored.append("response_format")
+    _refuse_structured_output(body)
     return GenerationParams(
         max_tokens=max_tokens,
         temperature=_float(body, "temperature", 1.0),
@@ -203,6 +201,22 @@ def parse_params(body: dict[str, Any]) -> GenerationParams:
         top_logprobs=_int(body, "top_logprobs") or 0,
         ignored=tuple(ignored),
     )
+
+
+def _refuse_structured_output(body: dict[str, Any]) -> None:
+    """The embedded engine has no constrained decoding: asking for JSON is a 400, never a
+    reply that merely hopes to be JSON."""
+    response_format = body.get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    asked = f"response_format {kind}" if kind not in (None, "text") else None
+    for key in ("structured_outputs", "guided_json"):
+        if body.get(key) is not None:
+            asked = key
+    if asked is not None:
+        raise InvalidRequest(
+            f"structured output ({asked}) is not supported by the embedded engine: it has no "
+            "constrained decoding; serve the model with vLLM or SGLang for JSON output"
+        )
 
 
 def render_completion(result: GenerationResult, *, logprobs: bool = True) -> dict[str, Any]:

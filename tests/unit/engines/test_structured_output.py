@@ -1,0 +1,88 @@
+"""Structured output on the engines' wire: each engine's own parameter, or a clear refusal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import torch
+
+from polar.engines.embedded import EmbeddedEngineCore, create_app, load_model
+from polar.engines.scripted import EngineRefusal, ScriptedBackend, ScriptedReply
+from polar.engines.sglang import SGLangEngine
+from polar.engines.vllm import VLLMEngine
+from polar.providers.types import NormalizedRequest, ResponseFormat
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def request(fmt: ResponseFormat | None) -> NormalizedRequest:
+    messages = [{"role": "user", "content": "hi"}]
+    return NormalizedRequest("openai_chat", "m", messages, response_format=fmt)
+
+
+def test_vllm_token_prompt_asks_for_structured_outputs() -> None:
+    engine = VLLMEngine("http://vllm")
+    body = engine.build_token_body([1, 2], request(ResponseFormat("json_schema", SCHEMA)))
+    assert body["structured_outputs"] == {"json": SCHEMA}
+    body = engine.build_token_body([1, 2], request(ResponseFormat("json_object")))
+    assert body["structured_outputs"] == {"json_object": True}
+    assert "structured_outputs" not in engine.build_token_body([1], request(None))
+    chat = engine.build_body(request(ResponseFormat("json_schema", SCHEMA, "n")))
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": SCHEMA},
+    }
+
+
+def test_sglang_generate_takes_json_schema_as_a_string() -> None:
+    engine = SGLangEngine("http://sglang")
+    body = engine.build_token_body([1, 2], request(ResponseFormat("json_schema", SCHEMA)))
+    assert json.loads(body["sampling_params"]["json_schema"]) == SCHEMA
+    body = engine.build_token_body([1, 2], request(ResponseFormat("json_object")))
+    assert json.loads(body["sampling_params"]["json_schema"]) == {"type": "object"}
+
+
+def test_scripted_engine_is_strict_about_its_scripted_reply(tokenizer: object) -> None:
+    backend = ScriptedBackend(tokenizer=tokenizer)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    ok = backend.respond({**body, "response_format": fmt}, ScriptedReply(content='{"n": 3}'))
+    assert ok["choices"][0]["message"]["content"] == '{"n": 3}'
+    for bad in ("not json", '{"n": "three"}', "{}"):
+        with pytest.raises(EngineRefusal, match="structured output"):
+            backend.respond({**body, "response_format": fmt}, ScriptedReply(content=bad))
+    tokens = {"prompt": [1, 2], "structured_outputs": {"json_object": True}}
+    with pytest.raises(EngineRefusal, match="structured output"):
+        backend.respond_tokens(tokens, ScriptedReply(content="[1]"))
+
+
+@pytest.fixture(scope="module")
+def core() -> Iterator[EmbeddedEngineCore]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = EmbeddedEngineCore(load_model("tiny"))
+    yield engine
+    engine.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
+        ("/v1/completions", {"structured_outputs": {"json": SCHEMA}}),
+    ],
+)
+async def test_embedded_engine_refuses_structured_output(
+    core: EmbeddedEngineCore, path: str, extra: dict[str, object]
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "prompt": [1, 2], **extra}
+    transport = httpx.ASGITransport(app=create_app(core))
+    async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
+        reply = await client.post(path, json=body)
+    assert reply.status_code == 400
+    assert "structured output" in reply.json()["error"]["message"]
+    assert "embedded engine" in reply.json()["error"]["message"]
