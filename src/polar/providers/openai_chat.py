@@ -198,6 +198,10 @@ class OpenAIChatProvider(Provider):
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return openai_error_body(error)
 
+    def stream_error(self, error: GatewayError) -> bytes:
+        """A frame with an ``error`` key: the openai SDK's stream raises it as APIError."""
+        return sse(openai_error_body(error)) + _DONE
+
 
 def _model(completion: Completion, request: NormalizedRequest) -> str:
     return request.requested_model or request.model or completion.model
