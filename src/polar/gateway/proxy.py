@@ -250,6 +250,7 @@ class Proxy:
         if plan is not None and self.prompts is not None:
             self.prompts.remember(session.session_id, plan, record.completion_id, result)
         completion = with_gateway_id(result.completion, record)
+        await self.replies.keep(provider, session, completion, normalized)
         return completion
 
     async def facts(self) -> EngineFacts:
