@@ -251,3 +251,31 @@ def test_anthropic_assistant_prefill_is_continued(noncanonical_gateway, stream):
     prompt = gateway.engine.backend.tokenizer.decode(record.prompt_ids)
     assert prompt.endswith('<|im_start|>assistant\n{"colour":')
     gateway.reset()
+
+
+@pytest.mark.conformance(feature="disable_parallel_tool_use", api="anthropic", status="mapped")
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_disable_parallel_tool_use_gives_one_call(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session = gateway.new_session()
+    gateway.script(
+        ScriptedReply(tool_calls=[("bash", {"command": "ls"}), ("bash", {"command": "pwd"})])
+    )
+    message = _create(
+        _anthropic(session),
+        stream,
+        model="claude-x",
+        max_tokens=200,
+        tools=TOOLS,
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        messages=[{"role": "user", "content": "List"}],
+    )
+    assert [b.type for b in message.content] == ["tool_use"]
+    (record,) = gateway.records(session.key)
+    assert "feature disable_parallel_tool_use: mapped" in record.notes
+    if gateway.render_mode == "engine":
+        assert record.upstream_request["parallel_tool_calls"] is False
+    else:
+        assert "parallel_tool_calls_kept_first" in record.flags
+    gateway.reset()

@@ -139,3 +139,103 @@ def test_engine_error_passes_through_as_openai_error(live_gateway):
             )
         )
     assert "context length exceeded" in info.value.message
+
+
+def _chat(client, stream, **kwargs):
+    """The reply as (message-like dict, finish_reason), streamed or not."""
+    if not stream:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        return choice.message.model_dump(exclude_none=True), choice.finish_reason
+    message: dict = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                message["content"] = message.get("content", "") + delta.content
+            if delta.function_call:
+                message["function_call"] = delta.function_call.model_dump(exclude_none=True)
+            if delta.tool_calls:
+                message.setdefault("tool_calls", []).extend(delta.tool_calls)
+            finish = choice.finish_reason or finish
+    return message, finish
+
+
+@pytest.mark.conformance(feature="assistant refusal in history", api="openai_chat", status="mapped")
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_assistant_refusal_in_history_is_accepted(live_gateway, stream):
+    session, client = _client(live_gateway)
+    live_gateway.script(ScriptedReply(content="Fine."))
+    message, _ = _chat(
+        client,
+        stream,
+        model="m",
+        messages=[
+            {"role": "user", "content": "Do it"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "I won't."}]},
+            {"role": "user", "content": "Then say fine"},
+        ],
+    )
+    assert message["content"] == "Fine."
+    (record,) = live_gateway.records(session.key)
+    assert "feature assistant refusal: mapped" in record.notes
+    assert record.upstream_request["messages"][1] == {"role": "assistant", "content": "I won't."}
+
+
+@pytest.mark.conformance(
+    feature="legacy functions / function_call", api="openai_chat", status="mapped"
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_legacy_functions_round_trip(live_gateway, stream):
+    session, client = _client(live_gateway)
+    live_gateway.script(
+        ScriptedReply(tool_calls=[("shell", {"command": "ls"})]), ScriptedReply(content="a.py")
+    )
+    kwargs = {"model": "m", "functions": [TOOLS[0]["function"]]}
+    messages: list = [{"role": "user", "content": "List"}]
+    first, finish = _chat(client, stream, messages=messages, **kwargs)
+    assert finish == "function_call"
+    assert "tool_calls" not in first
+    assert first["function_call"]["name"] == "shell"
+    assert json.loads(first["function_call"]["arguments"]) == {"command": "ls"}
+    messages += [
+        {"role": "assistant", "content": None, "function_call": first["function_call"]},
+        {"role": "function", "name": "shell", "content": "a.py"},
+    ]
+    second, _ = _chat(client, stream, messages=messages, **kwargs)
+    assert second["content"] == "a.py"
+    records = live_gateway.records(session.key)
+    assert "feature legacy functions: mapped" in records[0].notes
+    sent = records[1].upstream_request
+    assert sent["tools"] == TOOLS
+    call_id = sent["messages"][1]["tool_calls"][0]["id"]
+    assert sent["messages"][2] == {"role": "tool", "tool_call_id": call_id, "content": "a.py"}
+
+
+@pytest.mark.conformance(feature="parallel_tool_calls false", api="openai_chat", status="supported")
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_gives_one_call(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session, client = _client(gateway)
+    gateway.script(
+        ScriptedReply(tool_calls=[("shell", {"command": "ls"}), ("shell", {"command": "pwd"})])
+    )
+    message, finish = _chat(
+        client,
+        stream,
+        model="m",
+        tools=TOOLS,
+        parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "List"}],
+    )
+    assert finish == "tool_calls" and len(message["tool_calls"]) == 1
+    (record,) = gateway.records(session.key)
+    assert "feature parallel_tool_calls: honoured" in record.notes
+    if gateway.render_mode == "engine":
+        assert record.upstream_request["parallel_tool_calls"] is False
+    else:  # the gateway parsed both sampled calls and kept the first, as vLLM does
+        assert "parallel_tool_calls_kept_first" in record.flags
+    # The sampled ids are the engine's, whole.
+    assert record.sampled_ids == gateway.engine_log[-1]["choices"][0]["token_ids"]
+    gateway.reset()

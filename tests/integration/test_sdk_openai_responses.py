@@ -68,3 +68,36 @@ def test_function_call_round_trip(live_gateway, stream):
     assert assistant["tool_calls"][0]["id"] == calls[0].call_id
     assert sent[3] == {"role": "tool", "tool_call_id": calls[0].call_id, "content": "a.txt"}
     assert records[0].dropped_tools == ["web_search"]
+
+
+@pytest.mark.conformance(
+    feature="parallel_tool_calls false", api="openai_responses", status="supported"
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_gives_one_call(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session = gateway.new_session()
+    client = openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
+    gateway.script(
+        ScriptedReply(tool_calls=[("shell", {"command": ["ls"]}), ("shell", {"command": ["pwd"]})])
+    )
+    kwargs = {
+        "model": "gpt-5-codex",
+        "tools": TOOLS[:1],
+        "parallel_tool_calls": False,
+        "input": "list files",
+    }
+    if stream:
+        with client.responses.stream(**kwargs) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(**kwargs)
+    assert [item.type for item in response.output] == ["function_call"]
+    (record,) = gateway.records(session.key)
+    assert "feature parallel_tool_calls: honoured" in record.notes
+    if gateway.render_mode == "engine":
+        assert record.upstream_request["parallel_tool_calls"] is False
+    else:
+        assert "parallel_tool_calls_kept_first" in record.flags
+    gateway.reset()

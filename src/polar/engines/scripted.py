@@ -254,6 +254,8 @@ class ScriptedBackend:
             messages, tools, continue_final=body.get("continue_final_message") is True
         )
         sampled, finish, calls, stop = self.sample(reply, self.room(prompt, body), _stops(body))
+        if body.get("parallel_tool_calls") is False:
+            calls = calls[:1]  # as vLLM does: the sampled ids stay whole, the reply keeps one
         content = reply.content.split(stop)[0] if stop else reply.content
         entries = self.logprob_entries(sampled)
         reply_body = {

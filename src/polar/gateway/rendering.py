@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ FLAG_RENDERED_BY_GATEWAY = "rendered_by_gateway"
 FLAG_SPLICED = "prompt_extends_sampled_turn"
 FLAG_RENDERED_WHOLE = "prompt_rendered_whole"
 FLAG_CLAMPED_TO_CONTEXT = "max_tokens_clamped_to_context"
+FLAG_PARALLEL_CALLS_CUT = "parallel_tool_calls_kept_first"
 
 
 @dataclass
@@ -203,6 +204,16 @@ class TokenPrompts:
         self, plan: PromptPlan, tokens: SampledTokens, request: NormalizedRequest, engine: str
     ) -> EngineResult:
         parsed, stop = self.renderer.parse(tokens.sampled_ids, request)
+        if request.parallel_tool_calls is False and len(parsed.tool_calls) > 1:
+            # What vLLM does with parallel_tool_calls: false on chat: the reply keeps the first
+            # call. The sampled ids stay whole on the record, flagged, and the turn is not
+            # spliced into later prompts (the harness never saw the other calls).
+            tokens.flags.append(FLAG_PARALLEL_CALLS_CUT)
+            request.capture.notes.append(
+                f"parallel_tool_calls false: replied with the first of {len(parsed.tool_calls)} "
+                "sampled tool calls"
+            )
+            parsed = replace(parsed, tool_calls=parsed.tool_calls[:1])
         finish = "tool_calls" if parsed.tool_calls else tokens.finish_reason
         prompt_ids = tokens.prompt_ids if tokens.prompt_ids is not None else plan.ids
         completion = Completion(
@@ -238,6 +249,8 @@ class TokenPrompts:
         self, session_id: str, plan: PromptPlan, completion_id: str, result: EngineResult
     ) -> None:
         """Only acknowledged completions are remembered: no harness can echo any other."""
+        if FLAG_PARALLEL_CALLS_CUT in result.tokens.flags:
+            return  # its sampled ids hold calls the reply left out: later prompts render it
         calls = [call.id for call in result.completion.tool_calls]
         self.renderer.remember(
             self.book(session_id),

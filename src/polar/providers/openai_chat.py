@@ -28,6 +28,7 @@ from polar.providers.base import (
 )
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.types import (
+    CaptureTags,
     Completion,
     Message,
     NormalizedRequest,
@@ -44,6 +45,8 @@ class ChatState:
     """What this adapter remembers between parsing a request and rendering its reply."""
 
     include_usage: bool = False  # stream_options.include_usage: a final usage chunk
+    # The request used the legacy ``functions``: the reply is a ``function_call`` message.
+    legacy_functions: bool = False
 
 
 class OpenAIChatProvider(Provider):
@@ -64,6 +67,8 @@ class OpenAIChatProvider(Provider):
             raise InvalidRequest("n must be 1: the gateway captures exactly one choice per call")
         system: list[str] = []
         messages: list[Message] = []
+        capture = CaptureTags()
+        legacy_ids: dict[str, str] = {}  # function name -> id of its latest legacy call
         for i, raw in enumerate(require_list(body.get("messages"), "messages")):
             msg = require_dict(raw, f"messages[{i}]")
             role = msg.get("role")
@@ -72,9 +77,12 @@ class OpenAIChatProvider(Provider):
             elif role == "user":
                 messages.append({"role": "user", "content": _user_content(msg.get("content"), i)})
             elif role == "assistant":
-                messages.append(_assistant(msg, i))
+                messages.append(_assistant(msg, i, capture, legacy_ids))
             elif role in ("tool", "function"):
-                call_id = msg.get("tool_call_id") or msg.get("name") or ""
+                call_id = msg.get("tool_call_id") or ""
+                if role == "function":
+                    call_id = _legacy_result_id(msg, i, legacy_ids)
+                    capture.feature("legacy function messages", "mapped")
                 messages.append(
                     {
                         "role": "tool",
@@ -89,6 +97,7 @@ class OpenAIChatProvider(Provider):
         if not messages:
             raise InvalidRequest("messages must not be empty")
         tools, dropped = _tools(body)
+        legacy = _legacy_functions(body, capture)
         stream_options = body.get("stream_options")
         include_usage = isinstance(stream_options, dict) and bool(
             stream_options.get("include_usage")
@@ -107,7 +116,7 @@ class OpenAIChatProvider(Provider):
             model=model if isinstance(model, str) else "",
             messages=messages,
             tools=tools,
-            tool_choice=_tool_choice(body.get("tool_choice")) if tools else None,
+            tool_choice=_tool_choice(_choice_field(body, legacy)) if tools else None,
             params=SamplingParams(
                 max_tokens=max_tokens,
                 temperature=optional_number(body, "temperature"),
@@ -119,7 +128,9 @@ class OpenAIChatProvider(Provider):
             stream=bool(body.get("stream")),
             dropped_tools=dropped,
             requested_model=model,
-            adapter_state=ChatState(include_usage=include_usage),
+            adapter_state=ChatState(include_usage=include_usage, legacy_functions=legacy),
+            capture=capture,
+            parallel_tool_calls=_parallel_tool_calls(body, legacy, bool(tools), capture),
             response_format=response_format,
         )
         if response_format is not None:
@@ -132,7 +143,10 @@ class OpenAIChatProvider(Provider):
         message: dict[str, Any] = {"role": "assistant", "content": completion.content or None}
         if completion.reasoning:
             message["reasoning_content"] = completion.reasoning
-        if completion.tool_calls:
+        legacy = _legacy_reply(completion, request)
+        if legacy is not None:
+            message["function_call"] = legacy
+        elif completion.tool_calls:
             message["tool_calls"] = [
                 {
                     "id": c.id,
@@ -150,7 +164,7 @@ class OpenAIChatProvider(Provider):
                 {
                     "index": 0,
                     "message": message,
-                    "finish_reason": completion.finish_reason,
+                    "finish_reason": _finish_reason(completion, request),
                     "logprobs": None,
                 }
             ],
@@ -174,7 +188,10 @@ class OpenAIChatProvider(Provider):
             frames.append(chunk({"reasoning_content": completion.reasoning}))
         if completion.content:
             frames.append(chunk({"content": completion.content}))
-        for index, call in enumerate(completion.tool_calls):
+        legacy = _legacy_reply(completion, request)
+        if legacy is not None:
+            frames.append(chunk({"function_call": legacy}))
+        for index, call in enumerate([] if legacy else completion.tool_calls):
             frames.append(
                 chunk(
                     {
@@ -189,7 +206,7 @@ class OpenAIChatProvider(Provider):
                     }
                 )
             )
-        frames.append(chunk({}, completion.finish_reason))
+        frames.append(chunk({}, _finish_reason(completion, request)))
         if _state(request).include_usage:
             frames.append(sse(base | {"choices": [], "usage": _usage(completion)}))
         frames.append(_DONE)
@@ -198,9 +215,20 @@ class OpenAIChatProvider(Provider):
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return openai_error_body(error)
 
-    def stream_error(self, error: GatewayError) -> bytes:
-        """A frame with an ``error`` key: the openai SDK's stream raises it as APIError."""
-        return sse(openai_error_body(error)) + _DONE
+
+def _legacy_reply(completion: Completion, request: NormalizedRequest) -> dict[str, str] | None:
+    """The reply's ``function_call`` when the request used the legacy ``functions`` (one call
+    per reply, as that API has; the engine was told ``parallel_tool_calls: false``)."""
+    if not _state(request).legacy_functions or not completion.tool_calls:
+        return None
+    call = completion.tool_calls[0]
+    return {"name": call.name, "arguments": call.arguments}
+
+
+def _finish_reason(completion: Completion, request: NormalizedRequest) -> str:
+    if completion.finish_reason == "tool_calls" and _legacy_reply(completion, request):
+        return "function_call"
+    return completion.finish_reason
 
 
 def _model(completion: Completion, request: NormalizedRequest) -> str:
@@ -262,10 +290,12 @@ def _user_content(content: Any, i: int) -> str | list[dict[str, Any]]:
     return chat_content(parts)
 
 
-def _assistant(msg: Mapping[str, Any], i: int) -> Message:
+def _assistant(
+    msg: Mapping[str, Any], i: int, capture: CaptureTags, legacy_ids: dict[str, str]
+) -> Message:
     out: Message = {
         "role": "assistant",
-        "content": _text(msg.get("content"), f"messages[{i}].content"),
+        "content": _assistant_text(msg, i, capture),
     }
     calls = []
     for j, raw in enumerate(require_list(msg.get("tool_calls"), f"messages[{i}].tool_calls")):
@@ -280,12 +310,96 @@ def _assistant(msg: Mapping[str, Any], i: int) -> Message:
                 "function": {"name": fn["name"], "arguments": arguments_text(fn.get("arguments"))},
             }
         )
+    if msg.get("function_call") is not None:
+        calls.append(_legacy_call(msg["function_call"], i, legacy_ids))
+        capture.feature("legacy function messages", "mapped")
     if calls:
         out["tool_calls"] = calls
     reasoning = msg.get("reasoning") or msg.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         out["reasoning"] = reasoning
     return out
+
+
+def _assistant_text(msg: Mapping[str, Any], i: int, capture: CaptureTags) -> str:
+    """An assistant turn's text; a refusal (``refusal`` parts or ``message.refusal``) is what
+    the model said, so it stays in the history as text."""
+    where = f"messages[{i}].content"
+    content = msg.get("content")
+    refusals: list[str] = []
+    if isinstance(content, list):
+        kept = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "refusal":
+                refusals.append(_text([{"text": part.get("refusal")}], f"{where} refusal part"))
+            else:
+                kept.append(part)
+        content = kept
+    if msg.get("refusal") is not None:
+        refusals.append(_text(msg["refusal"], f"messages[{i}].refusal"))
+    if refusals:
+        capture.feature("assistant refusal", "mapped")
+    return join_text([_text(content, where), *refusals])
+
+
+def _legacy_call(raw: Any, i: int, legacy_ids: dict[str, str]) -> dict[str, Any]:
+    """A legacy assistant ``function_call`` as a tool call, under an id its ``role: function``
+    result finds by name (the legacy API has no call ids)."""
+    where = f"messages[{i}].function_call"
+    fn = require_dict(raw, where)
+    if not isinstance(fn.get("name"), str):
+        raise InvalidRequest(f"{where}.name must be a string")
+    call_id = legacy_ids[fn["name"]] = f"call_fn{i}"
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": arguments_text(fn.get("arguments"))},
+    }
+
+
+def _legacy_result_id(msg: Mapping[str, Any], i: int, legacy_ids: dict[str, str]) -> str:
+    name = msg.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"messages[{i}].name is required for role function")
+    return legacy_ids.get(name, name)
+
+
+def _legacy_functions(body: Mapping[str, Any], capture: CaptureTags) -> bool:
+    """Whether the request declares its tools the legacy way (``functions``)."""
+    if body.get("functions") is None:
+        if body.get("function_call") is not None:
+            raise InvalidRequest("function_call needs functions")
+        return False
+    if body.get("tools") is not None:
+        raise InvalidRequest("functions and tools cannot be used together")
+    capture.feature("legacy functions", "mapped")
+    return True
+
+
+def _choice_field(body: Mapping[str, Any], legacy: bool) -> Any:
+    """``tool_choice``, or the legacy ``function_call`` ("auto", "none" or {"name": ...})."""
+    if not legacy:
+        return body.get("tool_choice")
+    choice = body.get("function_call")
+    if isinstance(choice, dict):
+        return {"type": "function", "function": choice}
+    return choice
+
+
+def _parallel_tool_calls(
+    body: Mapping[str, Any], legacy: bool, has_tools: bool, capture: CaptureTags
+) -> bool | None:
+    """``parallel_tool_calls: false`` (and the legacy API, which has one call per reply)."""
+    value = body.get("parallel_tool_calls")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest("parallel_tool_calls must be a boolean")
+    if legacy:
+        value = False
+    if value is not False or not has_tools:
+        return None
+    if not legacy:
+        capture.feature("parallel_tool_calls", "honoured")
+    return False
 
 
 def _tools(body: Mapping[str, Any]) -> tuple[list[Tool], list[str]]:

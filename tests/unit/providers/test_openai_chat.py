@@ -259,3 +259,92 @@ def test_wrongly_typed_fields_are_refused_as_the_provider_does(change: dict) -> 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **change}
     with pytest.raises(InvalidRequest):
         OpenAIChatProvider().parse_request(body, RequestContext(path="/v1/chat/completions"))
+
+
+def test_an_assistant_refusal_is_kept_as_text():
+    req = P.parse_request(
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+                {"role": "assistant", "content": "Well", "refusal": "No."},
+                {"role": "user", "content": "y"},
+            ]
+        },
+        CTX,
+    )
+    assert [m["content"] for m in req.messages[1:3]] == ["I can't.", "Well\nNo."]
+    assert req.capture.features == {"assistant refusal": "mapped"}
+
+
+LEGACY_FUNCTIONS = [{"name": "sh", "parameters": {"type": "object"}}]
+
+
+def test_legacy_functions_map_to_tools_and_history():
+    req = P.parse_request(
+        {
+            "functions": LEGACY_FUNCTIONS,
+            "function_call": {"name": "sh"},
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "function_call": {"name": "sh", "arguments": "{}"},
+                },
+                {"role": "function", "name": "sh", "content": "a.py"},
+            ],
+        },
+        CTX,
+    )
+    call_id = req.messages[1]["tool_calls"][0]["id"]
+    assert req.messages[1]["tool_calls"][0]["function"] == {"name": "sh", "arguments": "{}"}
+    assert req.messages[2] == {"role": "tool", "tool_call_id": call_id, "content": "a.py"}
+    body = req.chat_body()
+    assert body["tools"] == [{"type": "function", "function": LEGACY_FUNCTIONS[0]}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "sh"}}
+    assert body["parallel_tool_calls"] is False
+    assert req.capture.features == {
+        "legacy functions": "mapped",
+        "legacy function messages": "mapped",
+    }
+
+
+def test_legacy_functions_are_answered_in_the_legacy_shape():
+    client = _sdk(_serve)
+    kwargs = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "functions": LEGACY_FUNCTIONS,
+    }
+    reply = client.chat.completions.create(**kwargs)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call"
+    assert choice.message.tool_calls is None
+    assert (choice.message.function_call.name, choice.message.function_call.arguments) == (
+        "sh",
+        '{"cmd": "ls -la"}',
+    )
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    deltas = [ch.delta for c in chunks for ch in c.choices]
+    assert [d.function_call.name for d in deltas if d.function_call] == ["sh"]
+    assert not any(d.tool_calls for d in deltas)
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+
+
+def test_parallel_tool_calls_false_is_forwarded():
+    tools = [{"type": "function", "function": LEGACY_FUNCTIONS[0]}]
+    req = P.parse_request(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": tools,
+            "parallel_tool_calls": False,
+        },
+        CTX,
+    )
+    assert req.chat_body()["parallel_tool_calls"] is False
+    assert req.capture.features == {"parallel_tool_calls": "honoured"}
+    with pytest.raises(InvalidRequest):
+        P.parse_request(
+            {"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "no"}, CTX
+        )
