@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -184,10 +185,18 @@ async def test_engine_unreachable_is_503_and_timeout_is_504(gateway, tokenizer):
 async def test_streaming_request_errors_keep_the_provider_shape(gateway):
     _, client, engine, _ = gateway()
     key = await _session(client)
+    # Before the stream opens (a body the adapter refuses) the answer is a plain HTTP error ...
+    bad_body = ANTHROPIC | {"stream": True, "messages": "hi"}
+    reply = await client.post(f"/s/{key}/v1/messages", json=bad_body)
+    assert reply.status_code == 400
+    assert reply.json()["type"] == "error"
+    # ... after it opened (the engine fails), the provider's in-stream error event.
     engine.backend.script.push(ScriptedReply(error_status=400, error_message="bad"))
     reply = await client.post(f"/s/{key}/v1/messages", json=ANTHROPIC | {"stream": True})
-    assert reply.status_code == 400
-    assert reply.json()["error"]["message"].endswith("bad")
+    assert reply.status_code == 200
+    event, data = reply.text.strip().split("\n\n")[-1].split("\n")
+    assert event == "event: error"
+    assert json.loads(data.removeprefix("data: "))["error"]["message"].endswith("bad")
 
 
 async def test_admin_token_guards_admin_routes(gateway):

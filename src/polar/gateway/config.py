@@ -141,6 +141,13 @@ class GatewayConfig(BaseModel):
         default_factory=ServerLimits,
         description="Connections, header/body read time, keep-alive (see docs/configuration.md).",
     )
+    stream_keepalive_s: float = Field(
+        10.0,
+        gt=0,
+        description="A streamed call's headers leave at once; while the engine works, the "
+        "provider's keep-alive (Anthropic ping events, an SSE comment for OpenAI, an empty "
+        "chunk for Gemini) follows every this many seconds.",
+    )
     policy_version: int = 0
     node: NodeConfig | None = Field(
         None, description="Run the session lifecycle (a rollout node) beside the proxy."

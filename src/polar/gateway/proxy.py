@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -45,17 +46,18 @@ from polar.gateway.sessions import (
     split_session_prefix,
 )
 from polar.gateway.stored_replies import StoredReplies
+from polar.gateway.streaming import live_stream
 from polar.harnesses.registry import harnesses, side_call_tag
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
 from polar.providers.registry import ProviderSet
 from polar.providers.stateful import RETRIEVE
 from polar.providers.types import Completion, NormalizedRequest
+from polar.rendering.renderer import PromptPlan
 from polar.schemas.ids import is_valid_id
 
 log = logging.getLogger("polar.gateway")
 T = TypeVar("T")
 
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _BARE_PATHS = {"", "/", "/v1", "/v1/", "/v1beta", "/v1beta/"}
 
 
@@ -192,37 +194,64 @@ class Proxy:
         receive: Receive,
     ) -> Response:
         started = time.time()
+        flags, plan = await self._prepare(session, normalized)
+        # Everything before this line answers with a plain HTTP error; a stream opens here, so
+        # what follows (a pause, the engine call, the capture write) fails in-stream.
+        completion = self._produce(
+            provider, session, normalized, body, _Prepared(started, flags, plan), receive
+        )
+        if normalized.stream:
+            return live_stream(provider, normalized, completion, self.config.stream_keepalive_s)
+        return json_response(provider.render_response(await completion, normalized))
+
+    async def _prepare(
+        self, session: GatewaySession, normalized: NormalizedRequest
+    ) -> tuple[list[str], PromptPlan | None]:
+        """The checks before the engine call: store writable, policy, prompt fits the window."""
         self.store.check_writable()  # a full or locked store refuses before the engine runs
         facts = await self.facts()
         flags = apply_policy(normalized, self.config, facts.served_model)
-        plan = None
+        if self.prompts is not None:
+            plan = await self.prompts.plan(
+                session.session_id, normalized, facts.context_window, flags
+            )
+            return flags, plan
+        if facts.context_window:
+            prompt_tokens = await self.engine.count_tokens(normalized)
+            fit_output_budget(normalized, prompt_tokens, facts.context_window, flags)
+        return flags, None
+
+    async def _produce(
+        self,
+        provider: Provider,
+        session: GatewaySession,
+        normalized: NormalizedRequest,
+        body: Any,
+        prepared: _Prepared,
+        receive: Receive,
+    ) -> Completion:
+        """The engine's completion, committed to the capture store before it is returned."""
+        plan = prepared.plan
         async with self.gate.admit(self.pause_wait_s):
-            if self.prompts is not None:
-                plan = await self.prompts.plan(
-                    session.session_id, normalized, facts.context_window, flags
-                )
+            if plan is not None and self.prompts is not None:
                 tokens = await self._complete(
                     self.engine.complete_tokens(plan.ids, normalized), receive
                 )
                 result = self.prompts.result(plan, tokens, normalized, self.engine.name)
             else:
-                if facts.context_window:
-                    prompt_tokens = await self.engine.count_tokens(normalized)
-                    fit_output_budget(normalized, prompt_tokens, facts.context_window, flags)
                 result = await self._complete(self.engine.complete(normalized), receive)
             version = (
                 result.policy_version if result.policy_version is not None else self.policy_version
             )
-        record = self._record(provider, session, normalized, body, result, started, version, flags)
+        record = self._record(
+            provider, session, normalized, body, result, prepared.started, version, prepared.flags
+        )
         await self.store.append(record)
         if plan is not None and self.prompts is not None:
             self.prompts.remember(session.session_id, plan, record.completion_id, result)
         completion = with_gateway_id(result.completion, record)
         await self.replies.keep(provider, session, completion, normalized)
-        if normalized.stream:
-            frames = provider.render_stream(completion, normalized)
-            return Response(b"".join(frames), media_type="text/event-stream", headers=_SSE_HEADERS)
-        return json_response(provider.render_response(completion, normalized))
+        return completion
 
     async def facts(self) -> EngineFacts:
         """What the engine serves (model, window) and the renderer; resolved once."""
@@ -305,6 +334,15 @@ class Proxy:
         provider = provider or self.providers.by_name["openai_chat"]
         headers = {"retry-after": str(int(err.retry_after))} if err.retry_after else None
         return json_response(provider.error_body(err), status=err.status, headers=headers)
+
+
+@dataclass
+class _Prepared:
+    """What the pre-checks decided for one call."""
+
+    started: float
+    flags: list[str]
+    plan: PromptPlan | None
 
 
 def with_gateway_id(completion: Completion, record: CaptureRecord) -> Completion:

@@ -95,6 +95,7 @@ _ANTHROPIC_BLOCKS = frozenset(
     {"tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"}
 )
 
+_PING = sse({"type": "ping"}, "ping")
 _ERROR_TYPES_BY_KIND = {
     "invalid_request": "invalid_request_error",
     "authentication": "authentication_error",
@@ -254,6 +255,12 @@ class AnthropicProvider(Provider):
             error.status, "api_error"
         )
         return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return sse(self.error_body(error), "error")
+
+    def keep_alive(self) -> bytes:
+        return _PING
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"input_tokens": count}

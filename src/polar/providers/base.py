@@ -16,6 +16,8 @@ from polar.providers.types import Completion, NormalizedRequest
 
 GENERATE = "generate"
 COUNT_TOKENS = "count_tokens"
+# An SSE comment: the openai and anthropic SDKs' decoders skip lines starting with ':'.
+SSE_COMMENT = b": keep-alive\n\n"
 
 
 @dataclass
@@ -64,6 +66,15 @@ class Provider(ABC):
     @abstractmethod
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         """The provider's JSON error body for ``error`` (its status is ``error.status``)."""
+
+    @abstractmethod
+    def stream_error(self, error: GatewayError) -> bytes:
+        """The SSE frames reporting ``error`` once the stream's headers have been sent, shaped
+        so the provider's SDK raises its own exception class."""
+
+    def keep_alive(self) -> bytes:
+        """A frame that keeps a stream alive while the engine works; SDKs skip it."""
+        return SSE_COMMENT
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         """The reply to a token-counting call, for APIs that have one."""

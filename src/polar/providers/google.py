@@ -12,7 +12,10 @@ Gemini quirks kept here:
   to its call by id, else by name in order;
 * ``thoughtSignature`` must be standard base64 (the Python SDK decodes it to bytes and re-encodes
   it), so our reasoning blob travels base64-wrapped;
-* a stream is bare ``data:`` frames, each a whole GenerateContentResponse.
+* a stream is bare ``data:`` frames, each a whole GenerateContentResponse; an error frame must
+  start with ``{"error":`` for the SDK to raise it, and the keep-alive is a chunk whose
+  candidate has no parts, not an SSE comment: google-genai parses every line that is not
+  ``data:`` as JSON and raises UnknownApiResponseError on a comment.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ _FINISH_REASONS = {
     "tool_calls": "STOP",
     "content_filter": "SAFETY",
 }
+# A chunk with nothing in it, shaped like every other (consumers index candidates[0]).
+_EMPTY_CHUNK = sse({"candidates": [{"content": {"role": "model", "parts": []}, "index": 0}]})
 _ERROR_STATUS_BY_KIND = {
     "invalid_request": "INVALID_ARGUMENT",
     "authentication": "UNAUTHENTICATED",
@@ -184,6 +189,12 @@ class GoogleProvider(Provider):
                 f"tokens allowed ({error.limit})."
             )
         return {"error": {"code": error.status, "message": message, "status": status}}
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return sse(self.error_body(error))
+
+    def keep_alive(self) -> bytes:
+        return _EMPTY_CHUNK
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"totalTokens": count}

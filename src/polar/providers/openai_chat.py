@@ -215,6 +215,10 @@ class OpenAIChatProvider(Provider):
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return openai_error_body(error)
 
+    def stream_error(self, error: GatewayError) -> bytes:
+        """A frame with an ``error`` key: the openai SDK's stream raises it as APIError."""
+        return sse(openai_error_body(error)) + _DONE
+
 
 def _legacy_reply(completion: Completion, request: NormalizedRequest) -> dict[str, str] | None:
     """The reply's ``function_call`` when the request used the legacy ``functions`` (one call

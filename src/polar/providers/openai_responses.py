@@ -16,6 +16,7 @@ dropped: the engine cannot run them.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from polar.providers.base import (
     arguments_text,
     chat_content,
     join_text,
+    new_id,
     optional_number,
     require_dict,
     require_list,
@@ -211,6 +213,38 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return openai_error_body(error)
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        """An ``error`` event, then ``response.failed`` (what Codex reads).
+
+        The error event carries the documented top-level ``code``/``message`` and, as the real
+        API sends it, the error object under ``error``: the openai SDK raises APIError on that.
+        """
+        code = _failed_code(error)
+        failed = {
+            "id": new_id("resp_"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "failed",
+            "error": {"code": code, "message": error.message},
+            "incomplete_details": None,
+            "model": "",
+            "output": [],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": None,
+        }
+        error_event = {
+            "type": "error",
+            "code": code,
+            "message": error.message,
+            "param": None,
+            "error": openai_error_body(error)["error"],
+            "sequence_number": 0,
+        }
+        failed_event = {"type": "response.failed", "response": failed, "sequence_number": 1}
+        return sse(error_event, event="error") + sse(failed_event, event="response.failed")
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"object": "response.input_tokens", "input_tokens": count}
@@ -864,3 +898,18 @@ def _stream_item(events: _Events, index: int, item: dict[str, Any]) -> None:
         added = {**item, "status": "in_progress"}
         events.emit("response.output_item.added", output_index=index, item=added)
     events.emit("response.output_item.done", output_index=index, item=item)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _failed_code(error: GatewayError) -> str:
+    """The ``response.error.code`` (a closed set in the SDK) that makes Codex react rightly.
+
+    Codex retries ``server_error`` and ``rate_limit_exceeded`` with backoff (right for a paused
+    or busy engine) and gives up on ``invalid_prompt`` (right for a client error); other
+    codes, such as ``server_is_overloaded``, would end its turn even for a transient failure.
+    """
+    if error.kind == "rate_limit":
+        return "rate_limit_exceeded"
+    return "server_error" if error.status >= 500 else "invalid_prompt"
