@@ -31,7 +31,7 @@ FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers()
+    | st.integers(-(2**63), 2**64 - 1)  # what the gateway's JSON loader yields as ints
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
     lambda inner: (

@@ -188,7 +188,7 @@ def test_sdk_raises_typed_errors(error: GatewayError, exc: type[Exception]):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text(max_size=5),
     lambda kids: (
         st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
     ),
