@@ -279,3 +279,48 @@ def test_anthropic_disable_parallel_tool_use_gives_one_call(noncanonical_gateway
     else:
         assert "parallel_tool_calls_kept_first" in record.flags
     gateway.reset()
+
+
+@pytest.mark.conformance(feature="text documents", api="anthropic", status="mapped")
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_text_documents_reach_the_model(live_gateway, stream):
+    session = live_gateway.new_session()
+    live_gateway.script(ScriptedReply(content="It says hello."))
+    message = _create(
+        _anthropic(session),
+        stream,
+        model="claude-x",
+        max_tokens=200,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "document",
+                        "source": {"type": "text", "media_type": "text/plain", "data": "hello"},
+                    },
+                    {"type": "text", "text": "What does it say?"},
+                ],
+            }
+        ],
+    )
+    assert message.content[0].text == "It says hello."
+    (record,) = live_gateway.records(session.key)
+    assert "feature text documents: mapped" in record.notes
+    assert record.upstream_request["messages"][0]["content"] == "hello\nWhat does it say?"
+
+
+@pytest.mark.conformance(feature="PDF documents", api="anthropic", status="refused")
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_pdf_documents_are_refused(live_gateway, stream):
+    session = live_gateway.new_session()
+    pdf = {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQK"}
+    with pytest.raises(anthropic.BadRequestError, match="PDF documents"):
+        _create(
+            _anthropic(session),
+            stream,
+            model="claude-x",
+            max_tokens=200,
+            messages=[{"role": "user", "content": [{"type": "document", "source": pdf}]}],
+        )
+    assert live_gateway.engine_log == []

@@ -342,19 +342,34 @@ class _Conversion:
         self.capture.notes.append(f"dropped {kind} block at {where}")
         return None
 
-    def _document_text(self, block: dict[str, Any], where: str) -> str | None:
+    def _document_text(self, block: dict[str, Any], where: str) -> str:
+        """A plain-text document's text (with its title, as the model would see it named);
+        PDF and file documents need a reader the gateway does not have: a 400 naming them."""
         source = require_dict(block.get("source"), f"{where}.source")
         kind = source.get("type")
         if kind == "text":
-            return _string(source.get("data"), f"{where}.source.data")
-        if kind == "content":
+            text = _string(source.get("data"), f"{where}.source.data")
+        elif kind == "content":
             pieces = []
             for index, part in enumerate(_blocks(source.get("content"), f"{where}.source")):
-                if part["type"] == "text":
-                    pieces.append(_string(part.get("text"), f"{where}.source[{index}].text"))
-            return join_text(pieces)
-        self.capture.notes.append(f"dropped document with {kind} source at {where}")
-        return None
+                if part["type"] != "text":
+                    raise InvalidRequest(
+                        f"{where}.source.content[{index}]: documents may only hold text here, "
+                        f"not {part['type']} blocks"
+                    )
+                pieces.append(_string(part.get("text"), f"{where}.source[{index}].text"))
+            text = join_text(pieces)
+        elif kind in ("base64", "url"):
+            self.capture.feature("PDF documents", "refused")
+            raise InvalidRequest(
+                f"{where}: PDF documents are not supported by this gateway; send the text as a "
+                "text document or text block"
+            )
+        else:
+            raise InvalidRequest(f"{where}: documents with a {kind!r} source are not supported")
+        self.capture.feature("text documents", "mapped")
+        title = block.get("title")
+        return f"{title}\n\n{text}" if isinstance(title, str) and title else text
 
     def _image_url(self, block: dict[str, Any], where: str) -> str | None:
         source = require_dict(block.get("source"), f"{where}.source")

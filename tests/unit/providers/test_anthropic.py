@@ -342,10 +342,6 @@ def test_user_media_and_documents() -> None:
                 "source": {"type": "content", "content": [{"type": "text", "text": "chunk"}]},
             },
             {
-                "type": "document",
-                "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"},
-            },
-            {
                 "type": "search_result",
                 "source": "https://example.com",
                 "title": "t",
@@ -365,10 +361,29 @@ def test_user_media_and_documents() -> None:
             ]
         )
     ]
-    assert request.capture.notes == [
-        "dropped image with file source at messages[0].content[3]",
-        "dropped document with base64 source at messages[0].content[6]",
-    ]
+    assert request.capture.notes == ["dropped image with file source at messages[0].content[3]"]
+    assert request.capture.features == {"text documents": "mapped"}
+
+
+def test_a_titled_text_document_keeps_its_title() -> None:
+    document = {
+        "type": "document",
+        "title": "notes.txt",
+        "source": {"type": "text", "media_type": "text/plain", "data": "doc text"},
+    }
+    assert parse_user([document]).messages == [user("notes.txt\n\ndoc text")]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"type": "base64", "media_type": "application/pdf", "data": "JVBE"},
+        {"type": "url", "url": "https://example.com/a.pdf"},
+    ],
+)
+def test_pdf_documents_are_refused_by_name(source) -> None:
+    with pytest.raises(InvalidRequest, match="PDF documents"):
+        parse_user([{"type": "document", "source": source}])
 
 
 def test_tool_result_images_move_to_the_following_user_message() -> None:
