@@ -239,3 +239,38 @@ def test_parallel_tool_calls_false_gives_one_call(noncanonical_gateway, stream):
     # The sampled ids are the engine's, whole.
     assert record.sampled_ids == gateway.engine_log[-1]["choices"][0]["token_ids"]
     gateway.reset()
+
+
+@pytest.mark.conformance(feature="logprobs", api="openai_chat", status="supported")
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_are_the_captured_ones(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session, client = _client(gateway)
+    gateway.script(ScriptedReply(content="Hello there."))
+    kwargs = {"model": "m", "logprobs": True, "messages": [{"role": "user", "content": "Hi"}]}
+    if stream:
+        entries = [
+            entry
+            for chunk in client.chat.completions.create(stream=True, **kwargs)
+            for choice in chunk.choices
+            if choice.logprobs is not None
+            for entry in choice.logprobs.content or []
+        ]
+    else:
+        entries = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    (record,) = gateway.records(session.key)
+    assert [e.logprob for e in entries] == record.logprobs
+    assert "Hello" in "".join(e.token for e in entries)
+    assert "feature logprobs: honoured" in record.notes
+    gateway.reset()
+
+
+@pytest.mark.conformance(feature="top_logprobs", api="openai_chat", status="refused")
+def test_top_logprobs_are_refused_by_name(live_gateway):
+    _, client = _client(live_gateway)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(
+            model="m", logprobs=True, top_logprobs=3, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert live_gateway.engine_log == []

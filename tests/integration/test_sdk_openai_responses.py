@@ -101,3 +101,33 @@ def test_parallel_tool_calls_false_gives_one_call(noncanonical_gateway, stream):
     else:
         assert "parallel_tool_calls_kept_first" in record.flags
     gateway.reset()
+
+
+@pytest.mark.conformance(feature="logprobs", api="openai_responses", status="supported")
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_are_the_captured_ones(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session = gateway.new_session()
+    client = openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
+    gateway.script(ScriptedReply(content="Hello there."))
+    kwargs = {"model": "m", "input": "Hi", "include": ["message.output_text.logprobs"]}
+    if stream:
+        with client.responses.stream(**kwargs) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(**kwargs)
+    entries = response.output[0].content[0].logprobs
+    (record,) = gateway.records(session.key)
+    assert [e.logprob for e in entries] == record.logprobs
+    assert "feature logprobs: honoured" in record.notes
+    gateway.reset()
+
+
+@pytest.mark.conformance(feature="top_logprobs", api="openai_responses", status="refused")
+def test_top_logprobs_are_refused_by_name(live_gateway):
+    session = live_gateway.new_session()
+    client = openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.responses.create(model="m", input="Hi", top_logprobs=2)
+    assert live_gateway.engine_log == []

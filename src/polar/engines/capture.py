@@ -25,7 +25,7 @@ from polar.engines.types import (
 )
 from polar.errors import EngineError, MalformedEngineReply
 from polar.providers.base import arguments_text, new_id
-from polar.providers.types import FINISH_REASONS, Completion, ToolCall
+from polar.providers.types import FINISH_REASONS, Completion, TokenLogprob, ToolCall
 
 
 def capture_from_response(body: Any) -> tuple[Completion, TokenCapture]:
@@ -52,7 +52,20 @@ def capture_from_response(body: Any) -> tuple[Completion, TokenCapture]:
         completion.completion_tokens = len(tokens.sampled_ids)
     if not completion.prompt_tokens:
         completion.prompt_tokens = len(tokens.prompt_ids)
+    completion.logprobs = _token_logprobs(choice, tokens.logprobs)
     return completion, tokens
+
+
+def _token_logprobs(choice: dict[str, Any], logprobs: list[float] | None) -> list[TokenLogprob]:
+    """The sampled tokens' text and logprobs as the engine named them (empty when it sent
+    none aligned with its sampled ids)."""
+    entries = (choice.get("logprobs") or {}).get("content") if logprobs is not None else None
+    if not entries or len(entries) != len(logprobs or ()):
+        return []
+    return [
+        TokenLogprob(str(entry.get("token") or ""), value)
+        for entry, value in zip(entries, logprobs or (), strict=True)
+    ]
 
 
 def _completion(body: dict[str, Any], choice: dict[str, Any]) -> Completion:

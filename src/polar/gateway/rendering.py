@@ -29,7 +29,7 @@ from polar.errors import (
 from polar.extras import MissingExtra, require
 from polar.gateway.config import GatewayConfig, RenderConfig
 from polar.gateway.sessions import SessionTable
-from polar.providers.types import Completion, NormalizedRequest
+from polar.providers.types import Completion, NormalizedRequest, TokenLogprob
 from polar.rendering.renderer import PromptPlan, Renderer
 from polar.rendering.turns import TurnBook
 
@@ -228,6 +228,11 @@ class TokenPrompts:
             created=int(time.time()),
             stop_sequence=stop,
         )
+        if request.logprobs and tokens.logprobs is not None:
+            completion.logprobs = [
+                TokenLogprob(self.renderer.decode([token]), value)
+                for token, value in zip(tokens.sampled_ids, tokens.logprobs, strict=True)
+            ]
         upstream = {
             **tokens.upstream_request,
             "messages": request.messages,

@@ -131,6 +131,7 @@ class OpenAIChatProvider(Provider):
             adapter_state=ChatState(include_usage=include_usage, legacy_functions=legacy),
             capture=capture,
             parallel_tool_calls=_parallel_tool_calls(body, legacy, bool(tools), capture),
+            logprobs=_logprobs_asked(body, capture),
             response_format=response_format,
         )
         if response_format is not None:
@@ -165,7 +166,7 @@ class OpenAIChatProvider(Provider):
                     "index": 0,
                     "message": message,
                     "finish_reason": _finish_reason(completion, request),
-                    "logprobs": None,
+                    "logprobs": _choice_logprobs(completion, request),
                 }
             ],
             "usage": _usage(completion),
@@ -188,6 +189,10 @@ class OpenAIChatProvider(Provider):
             frames.append(chunk({"reasoning_content": completion.reasoning}))
         if completion.content:
             frames.append(chunk({"content": completion.content}))
+        if request.logprobs:
+            choice = {"index": 0, "delta": {}, "finish_reason": None}
+            choice["logprobs"] = _choice_logprobs(completion, request)
+            frames.append(sse(base | {"choices": [choice]}))
         legacy = _legacy_reply(completion, request)
         if legacy is not None:
             frames.append(chunk({"function_call": legacy}))
@@ -218,6 +223,41 @@ class OpenAIChatProvider(Provider):
     def stream_error(self, error: GatewayError) -> bytes:
         """A frame with an ``error`` key: the openai SDK's stream raises it as APIError."""
         return sse(openai_error_body(error)) + _DONE
+
+
+def _logprobs_asked(body: Mapping[str, Any], capture: CaptureTags) -> bool:
+    """``logprobs: true`` returns each sampled token's logprob (which the gateway captures
+    anyway); ``top_logprobs`` alternatives are not captured, so asking for any is a 400."""
+    asked = body.get("logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise InvalidRequest("logprobs must be a boolean")
+    top = optional_number(body, "top_logprobs", int)
+    if top:
+        capture.feature("top_logprobs", "refused")
+        raise InvalidRequest(
+            "top_logprobs is not supported by this gateway (it returns the sampled tokens' "
+            "logprobs only); use logprobs: true with top_logprobs 0"
+        )
+    if asked:
+        capture.feature("logprobs", "honoured")
+    return bool(asked)
+
+
+def _choice_logprobs(completion: Completion, request: NormalizedRequest) -> dict[str, Any] | None:
+    if not request.logprobs:
+        return None
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": list(t.token.encode()),
+                "top_logprobs": [],
+            }
+            for t in completion.logprobs or ()
+        ],
+        "refusal": None,
+    }
 
 
 def _legacy_reply(completion: Completion, request: NormalizedRequest) -> dict[str, str] | None:

@@ -193,6 +193,7 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
             adapter_state=state,
             response_format=_text_format(body.get("text"), capture),
             parallel_tool_calls=_parallel_tool_calls(body, bool(tools.tools), capture),
+            logprobs=_logprobs_asked(body, capture),
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -330,6 +331,22 @@ def _parallel_tool_calls(
         return None
     capture.feature("parallel_tool_calls", "honoured")
     return False
+
+
+def _logprobs_asked(body: Mapping[str, Any], capture: CaptureTags) -> bool:
+    """``include: ["message.output_text.logprobs"]`` returns each sampled token's logprob;
+    ``top_logprobs`` alternatives are not captured, so asking for any is a 400."""
+    if optional_number(body, "top_logprobs", int):
+        capture.feature("top_logprobs", "refused")
+        raise InvalidRequest(
+            "top_logprobs is not supported by this gateway (it returns the sampled tokens' "
+            "logprobs only, with include message.output_text.logprobs)"
+        )
+    include = body.get("include")
+    asked = isinstance(include, list) and "message.output_text.logprobs" in include
+    if asked:
+        capture.feature("logprobs", "honoured")
+    return asked
 
 
 def _check_accepted(body: Mapping[str, Any]) -> None:
@@ -730,7 +747,7 @@ def _output_items(completion: Completion, request: NormalizedRequest) -> list[di
                 "type": "message",
                 "role": "assistant",
                 "status": status,
-                "content": [_output_text(completion.content)],
+                "content": [_output_text(completion.content, _text_logprobs(completion, request))],
             }
         )
     for number, call in enumerate(completion.tool_calls):
@@ -739,8 +756,22 @@ def _output_items(completion: Completion, request: NormalizedRequest) -> list[di
     return items
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def _text_logprobs(completion: Completion, request: NormalizedRequest) -> list[dict[str, Any]]:
+    if not request.logprobs:
+        return []
+    return [
+        {
+            "token": t.token,
+            "logprob": t.logprob,
+            "bytes": list(t.token.encode()),
+            "top_logprobs": [],
+        }
+        for t in completion.logprobs or ()
+    ]
 
 
 def _call_item(call: ToolCall, call_id: str, suffix: str, state: ResponsesState) -> dict[str, Any]:
@@ -877,14 +908,15 @@ def _stream_item(events: _Events, index: int, item: dict[str, Any]) -> None:
         events.emit("response.reasoning_summary_part.done", **where, summary_index=0, part=part)
     elif kind == "message":
         text = item["content"][0]["text"]
+        logprobs = item["content"][0]["logprobs"]
         added = {**item, "status": "in_progress", "content": []}
         events.emit("response.output_item.added", output_index=index, item=added)
         at = {**where, "content_index": 0}
         events.emit("response.content_part.added", **at, part=_output_text(""))
         if text:
-            events.emit("response.output_text.delta", **at, delta=text, logprobs=[])
-        events.emit("response.output_text.done", **at, text=text, logprobs=[])
-        events.emit("response.content_part.done", **at, part=_output_text(text))
+            events.emit("response.output_text.delta", **at, delta=text, logprobs=logprobs)
+        events.emit("response.output_text.done", **at, text=text, logprobs=logprobs)
+        events.emit("response.content_part.done", **at, part=_output_text(text, logprobs))
     elif kind == "function_call":
         added = {**item, "arguments": "", "status": "in_progress"}
         events.emit("response.output_item.added", output_index=index, item=added)

@@ -134,6 +134,8 @@ class NormalizedRequest:
     continue_final: bool = False
     # False when the client allows at most one tool call per reply.
     parallel_tool_calls: bool | None = None
+    # The client asked for the sampled tokens' logprobs (the completion carries them).
+    logprobs: bool = False
     # Structured output (chat response_format, Responses text.format, Anthropic
     # output_config.format, Gemini responseSchema), forwarded to the engine.
     response_format: ResponseFormat | None = None
@@ -154,6 +156,14 @@ class NormalizedRequest:
         if self.parallel_tool_calls is not None and self.tools:
             body["parallel_tool_calls"] = self.parallel_tool_calls
         return body
+
+
+@dataclass
+class TokenLogprob:
+    """One sampled token as a client sees it: its text and its log-probability."""
+
+    token: str
+    logprob: float
 
 
 @dataclass
@@ -179,3 +189,5 @@ class Completion:
     completion_tokens: int = 0
     created: int = 0
     stop_sequence: str | None = None  # the stop string that ended it, when one did
+    # Each sampled token's text and logprob, when the client asked and the engine gave them.
+    logprobs: list[TokenLogprob] | None = None

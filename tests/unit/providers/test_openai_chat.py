@@ -188,7 +188,11 @@ def test_sdk_raises_typed_errors(error: GatewayError, exc: type[Exception]):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text(max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
     lambda kids: (
         st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
     ),
@@ -347,4 +351,25 @@ def test_parallel_tool_calls_false_is_forwarded():
     with pytest.raises(InvalidRequest):
         P.parse_request(
             {"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "no"}, CTX
+        )
+
+
+def test_logprobs_asked_are_rendered_and_top_logprobs_refused():
+    from polar.providers.types import TokenLogprob
+
+    req = P.parse_request({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, CTX)
+    assert req.logprobs and req.capture.features == {"logprobs": "honoured"}
+    completion = _completion()
+    completion.logprobs = [TokenLogprob("Hi", -0.5), TokenLogprob(" ü", -1.0)]
+    content = P.render_response(completion, req)["choices"][0]["logprobs"]["content"]
+    assert [(e["token"], e["logprob"], e["bytes"]) for e in content] == [
+        ("Hi", -0.5, [72, 105]),
+        (" ü", -1.0, [32, 195, 188]),
+    ]
+    plain = P.parse_request({"messages": [{"role": "user", "content": "x"}]}, CTX)
+    assert P.render_response(completion, plain)["choices"][0]["logprobs"] is None
+    with pytest.raises(InvalidRequest, match="top_logprobs"):
+        P.parse_request(
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2},
+            CTX,
         )
