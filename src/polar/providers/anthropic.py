@@ -13,9 +13,14 @@ Request quirks handled here and nowhere else:
   a tool result cannot ride in a chat tool message, so they move to that trailing user message.
 * ``thinking`` blocks become the assistant's ``reasoning``: the text inside our own synthetic
   ``signature`` when it decodes, else the block's ``thinking`` text. ``redacted_thinking`` and
-  server-tool blocks are dropped (noted in ``capture.notes``), as are server tools (any tool
-  whose ``type`` is not ``custom``), listed in ``dropped_tools``.
-* ``cache_control``, ``metadata``, citations and ``disable_parallel_tool_use`` are ignored.
+  server-tool blocks in history are dropped (noted in ``capture.notes``).
+* Anthropic-schema client tools (``bash_*``, ``text_editor_*``) become function tools with the
+  documented input schemas under the client's ``name``; server tools (any other non-custom
+  ``type``) are a 400 naming them: only Anthropic's service can run them.
+* A final assistant message is a prefill: the engine continues it and the reply is only the
+  continuation. Text documents become user text; PDF documents are a 400 naming them.
+  ``disable_parallel_tool_use`` travels as ``parallel_tool_calls: false``.
+* ``cache_control``, ``metadata`` and citations are ignored.
 
 Replies: a ``thinking`` block (signed with :func:`encode_reasoning`) when the completion has
 reasoning, a text block when it has text, one ``tool_use`` block per call. A completion with none

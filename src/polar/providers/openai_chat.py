@@ -1,8 +1,9 @@
 """OpenAI Chat Completions (Qwen Code, opencode, Pi's default): already the normalized form.
 
 Normalizing still matters: system and developer messages merge into one leading system
-message, tool results sent as part lists become text, legacy ``functions`` become tools, and
-non-function tools are dropped and recorded.
+message, tool results sent as part lists become text, assistant refusals become text, legacy
+``functions`` / ``function_call`` (and their history messages) become tools and tool calls and
+are answered in the legacy shape, and non-function tools are dropped and recorded.
 """
 
 from __future__ import annotations
