@@ -48,9 +48,16 @@ def render_prompt(
     tools: list[dict[str, Any]] | None = None,
     *,
     add_generation_prompt: bool = True,
+    continue_final: bool = False,
 ) -> RenderedPrompt:
     """The exact prompt the model sees for ``messages`` (and ``tools``)."""
-    text = render_text(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
+    text = render_text(
+        tokenizer,
+        messages,
+        tools,
+        add_generation_prompt=add_generation_prompt,
+        continue_final=continue_final,
+    )
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return RenderedPrompt(text, list(ids))
 

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -97,6 +98,7 @@ class _Job:
     max_tokens: int
     sampler: Sampler
     parse_tools: bool
+    single_tool_call: bool = False
     future: Future[GenerationResult] = field(default_factory=Future)
     submitted: float = field(default_factory=time.perf_counter)
     version: int = 0
@@ -226,10 +228,15 @@ class EmbeddedEngineCore:
         tools: list[dict[str, Any]] | None = None,
         *,
         add_generation_prompt: bool = True,
+        continue_final: bool = False,
     ) -> RenderedPrompt:
         with self._tokenizer_lock:
             return render_prompt(
-                self.tokenizer, messages, tools, add_generation_prompt=add_generation_prompt
+                self.tokenizer,
+                messages,
+                tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final=continue_final,
             )
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -247,12 +254,18 @@ class EmbeddedEngineCore:
         params: GenerationParams | None = None,
         *,
         tool_choice: Any = None,
+        continue_final: bool = False,
+        single_tool_call: bool = False,
     ) -> _Job:
-        """Render and validate a request (raises :class:`InvalidRequest`) without queueing it."""
-        prompt = self.render(messages, tools)
-        return self._job(
-            prompt, params or GenerationParams(), bool(tools) and tool_choice != "none"
-        )
+        """Render and validate a request (raises :class:`InvalidRequest`) without queueing it.
+
+        ``continue_final`` leaves the last (assistant) message open for the model to continue;
+        ``single_tool_call`` keeps only the first parsed call (``parallel_tool_calls: false``,
+        as vLLM does)."""
+        prompt = self.render(messages, tools, continue_final=continue_final)
+        job = self._job(prompt, params or GenerationParams(), bool(tools) and tool_choice != "none")
+        job.single_tool_call = single_tool_call
+        return job
 
     def prepare_ids(self, prompt_ids: list[int], params: GenerationParams | None = None) -> _Job:
         """A token prompt (the gateway rendered it): generated as given, no tool parsing."""
@@ -306,10 +319,20 @@ class EmbeddedEngineCore:
         params: GenerationParams | None = None,
         *,
         tool_choice: Any = None,
+        continue_final: bool = False,
+        single_tool_call: bool = False,
     ) -> GenerationResult:
         """Generate without blocking the event loop (rendering and model work run off it)."""
         job = await asyncio.to_thread(
-            self.prepare, messages, tools, params, tool_choice=tool_choice
+            partial(
+                self.prepare,
+                tool_choice=tool_choice,
+                continue_final=continue_final,
+                single_tool_call=single_tool_call,
+            ),
+            messages,
+            tools,
+            params,
         )
         return await asyncio.wrap_future(self.submit(job))
 
@@ -625,6 +648,8 @@ class EmbeddedEngineCore:
         if stop_string is not None:
             row.stop_reason = stop_string
         content, tool_calls = parse_tool_calls(text) if job.parse_tools else (text, [])
+        if job.single_tool_call:
+            tool_calls = tool_calls[:1]
         finish = "tool_calls" if tool_calls else row.finish_reason or "stop"
         top = None
         if job.params.top_logprobs:

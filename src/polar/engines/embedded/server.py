@@ -69,7 +69,14 @@ def create_app(
         tools = _tools(body)
         params = parse_params(body)
         messages: Any = body.get("messages")
-        result = await core.generate(messages, tools, params, tool_choice=body.get("tool_choice"))
+        result = await core.generate(
+            messages,
+            tools,
+            params,
+            tool_choice=body.get("tool_choice"),
+            continue_final=body.get("continue_final_message") is True,
+            single_tool_call=body.get("parallel_tool_calls") is False,
+        )
         return _json(render_completion(result, logprobs=params.logprobs))
 
     async def completions(request: Request) -> Response:
