@@ -219,3 +219,18 @@ def test_cli_parser_defaults() -> None:
         ]
     )
     assert (args.model, args.logprobs_mode, args.kv_cache_entries) == ("tiny", "processed", 0)
+
+
+async def test_an_assistant_prefill_is_continued_not_closed(
+    client: httpx.AsyncClient, core: EmbeddedEngineCore
+) -> None:
+    messages = [*HELLO, {"role": "assistant", "content": "Sure, here"}]
+    response = await client.post(
+        "/v1/chat/completions",
+        json=body(messages=messages, continue_final_message=True, add_generation_prompt=False),
+    )
+    assert response.status_code == 200
+    prompt = response.json()["prompt_token_ids"]
+    assert core.decode(prompt).endswith("Sure, here")
+    closed = (await client.post("/v1/chat/completions", json=body(messages=messages))).json()
+    assert not core.decode(closed["prompt_token_ids"]).endswith("Sure, here")
