@@ -92,3 +92,39 @@ def test_unknown_key_raises_client_error(live_gateway):
     with pytest.raises(errors.ClientError) as info:
         client.models.generate_content(model="m", contents="hi")
     assert info.value.code == 401
+
+
+@pytest.mark.conformance(feature="logprobs", api="google", status="supported")
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_logprobs_are_the_captured_ones(noncanonical_gateway, stream):
+    gateway = noncanonical_gateway
+    gateway.reset()
+    session = gateway.new_session()
+    client = _client(session.base_urls["google"], session.key)
+    gateway.script(ScriptedReply(content="Hello there."))
+    config = types.GenerateContentConfig(response_logprobs=True)
+    if stream:
+        chunks = list(
+            client.models.generate_content_stream(model="gemini-x", contents="Hi", config=config)
+        )
+        results = [c.candidates[0].logprobs_result for c in chunks if c.candidates]
+        chosen = [x for r in results if r is not None for x in r.chosen_candidates or []]
+    else:
+        reply = client.models.generate_content(model="gemini-x", contents="Hi", config=config)
+        chosen = reply.candidates[0].logprobs_result.chosen_candidates
+        assert reply.candidates[0].avg_logprobs is not None
+    (record,) = gateway.records(session.key)
+    assert [c.log_probability for c in chosen] == record.logprobs
+    assert "Hello" in "".join(c.token for c in chosen)
+    assert "feature logprobs: honoured" in record.notes
+    gateway.reset()
+
+
+@pytest.mark.conformance(feature="top_logprobs", api="google", status="refused")
+def test_top_candidate_logprobs_are_refused_by_name(live_gateway):
+    session = live_gateway.new_session()
+    client = _client(session.base_urls["google"], session.key)
+    config = types.GenerateContentConfig(response_logprobs=True, logprobs=3)
+    with pytest.raises(errors.ClientError, match="logprobs"):
+        client.models.generate_content(model="gemini-x", contents="Hi", config=config)
+    assert live_gateway.records(session.key) == []

@@ -152,6 +152,7 @@ class GoogleProvider(Provider):
             thinking = _fields(require_dict(thinking, "generationConfig.thinkingConfig"))
             state.include_thoughts = thinking.get("includeThoughts") is True
         capture = CaptureTags()
+        logprobs = _logprobs_asked(gen, capture)
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -165,6 +166,7 @@ class GoogleProvider(Provider):
             adapter_state=state,
             capture=capture,
             response_format=_response_format(gen, capture),
+            logprobs=logprobs,
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -523,6 +525,31 @@ def _response_format(gen: dict[str, Any], capture: CaptureTags) -> ResponseForma
     return ResponseFormat("json_object")
 
 
+def _logprobs_asked(gen: dict[str, Any], capture: CaptureTags) -> bool:
+    """``responseLogprobs: true`` returns each sampled token's logprob (the gateway captures
+    them anyway); ``logprobs`` asks for top candidates, which are not captured: a 400."""
+    asked = gen.get("responseLogprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise InvalidRequest("generationConfig.responseLogprobs must be a boolean")
+    top = optional_number(gen, "logprobs", int)
+    if top:
+        capture.feature("top_logprobs", "refused")
+        raise InvalidRequest(
+            "generationConfig.logprobs (top candidates) is not supported by this gateway (it "
+            "returns the sampled tokens' logprobs only); use responseLogprobs: true alone"
+        )
+    if asked:
+        capture.feature("logprobs", "honoured")
+    return asked is True
+
+
+def _logprobs_result(completion: Completion) -> dict[str, Any]:
+    chosen = [
+        {"token": t.token, "logProbability": t.logprob} for t in completion.logprobs or ()
+    ]
+    return {"chosenCandidates": chosen, "topCandidates": []}
+
+
 def _sampling(gen: dict[str, Any]) -> SamplingParams:
     count = optional_number(gen, "candidateCount", int)
     if count not in (None, 1):
@@ -572,6 +599,12 @@ def _chunk(
     reply: dict[str, Any] = {"candidates": [candidate]}
     if final:
         candidate["finishReason"] = _FINISH_REASONS.get(completion.finish_reason, "STOP")
+        if request.logprobs:
+            result = _logprobs_result(completion)
+            candidate["logprobsResult"] = result
+            chosen = [c["logProbability"] for c in result["chosenCandidates"]]
+            if chosen:
+                candidate["avgLogprobs"] = sum(chosen) / len(chosen)
         reply["usageMetadata"] = {
             "promptTokenCount": completion.prompt_tokens,
             "candidatesTokenCount": completion.completion_tokens,
