@@ -97,7 +97,9 @@ def test_openai_chat_json_object_reaches_the_engine(noncanonical_gateway):
         assert body["response_format"] == {"type": "json_object"}
 
 
-@pytest.mark.conformance(feature="structured_output", api="openai_chat", status="refused")
+@pytest.mark.conformance(
+    feature="structured_output: other formats", api="openai_chat", status="refused"
+)
 def test_openai_chat_unsupported_format_is_refused(live_gateway):
     session = live_gateway.new_session()
     client = openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
@@ -140,7 +142,9 @@ def test_responses_text_format_reaches_the_engine(noncanonical_gateway, stream):
     assert _fate(gateway, session.key) == ["feature structured_output: mapped"]
 
 
-@pytest.mark.conformance(feature="structured_output", api="openai_responses", status="refused")
+@pytest.mark.conformance(
+    feature="structured_output: other formats", api="openai_responses", status="refused"
+)
 def test_responses_unsupported_format_is_refused(live_gateway):
     session = live_gateway.new_session()
     client = openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
@@ -177,7 +181,9 @@ def test_anthropic_output_config_format_reaches_the_engine(noncanonical_gateway,
     assert _fate(gateway, session.key) == ["feature structured_output: mapped"]
 
 
-@pytest.mark.conformance(feature="structured_output", api="anthropic", status="refused")
+@pytest.mark.conformance(
+    feature="structured_output: other formats", api="anthropic", status="refused"
+)
 def test_anthropic_unsupported_format_is_refused(live_gateway):
     session = live_gateway.new_session()
     client = anthropic.Anthropic(
@@ -257,7 +263,9 @@ def test_google_response_json_schema_reaches_the_engine(noncanonical_gateway):
     assert _sent_schema(gateway) == SCHEMA
 
 
-@pytest.mark.conformance(feature="structured_output", api="google", status="refused")
+@pytest.mark.conformance(
+    feature="structured_output: other formats", api="google", status="refused"
+)
 def test_google_enum_output_is_refused(live_gateway):
     session = live_gateway.new_session()
     config = types.GenerateContentConfig(

@@ -1,0 +1,95 @@
+"""Token counting and request validation through the official SDKs, against the strict
+scripted engine (it refuses a model name it does not serve, as vLLM does): counting uses the
+served model, and malformed requests the providers refuse are refused here too, by name."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+from google import genai
+from google.genai import errors, types
+
+pytestmark = pytest.mark.slow
+
+
+def _openai(session) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session.base_urls["openai"], api_key=session.key, max_retries=0)
+
+
+def _prompt_len(gateway, text: str) -> int:
+    return len(gateway.engine.backend.prompt_ids([{"role": "user", "content": text}], None))
+
+
+@pytest.mark.conformance(feature="token counting", api="anthropic", status="supported")
+def test_anthropic_count_tokens_with_the_harness_model_name(live_gateway):
+    session = live_gateway.new_session()
+    client = anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+    count = client.messages.count_tokens(
+        model="claude-sonnet-4-5", messages=[{"role": "user", "content": "hello there"}]
+    )
+    assert count.input_tokens == _prompt_len(live_gateway, "hello there")
+
+
+@pytest.mark.conformance(feature="token counting", api="openai_responses", status="supported")
+def test_responses_input_tokens_with_the_harness_model_name(live_gateway):
+    session = live_gateway.new_session()
+    count = _openai(session).responses.input_tokens.count(model="gpt-5-codex", input="hello there")
+    assert count.input_tokens == _prompt_len(live_gateway, "hello there")
+
+
+@pytest.mark.conformance(feature="token counting", api="google", status="supported")
+def test_gemini_count_tokens_with_the_harness_model_name(live_gateway):
+    session = live_gateway.new_session()
+    client = genai.Client(
+        api_key=session.key, http_options=types.HttpOptions(base_url=session.base_urls["google"])
+    )
+    count = client.models.count_tokens(model="gemini-2.5-pro", contents="hello there")
+    assert count.total_tokens == _prompt_len(live_gateway, "hello there")
+
+
+@pytest.mark.conformance(feature="malformed stream / model", api="openai_chat", status="refused")
+@pytest.mark.parametrize(
+    ("override", "named"), [({"stream": "yes"}, "stream"), ({"model": [1, 2]}, "model")]
+)
+def test_chat_refuses_a_malformed_stream_or_model(live_gateway, override, named):
+    session = live_gateway.new_session()
+    with pytest.raises(openai.BadRequestError, match=named):
+        _openai(session).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], extra_body=override
+        )
+    assert live_gateway.records(session.key) == []
+
+
+@pytest.mark.conformance(feature="empty input", api="openai_responses", status="refused")
+def test_responses_refuses_empty_input(live_gateway):
+    session = live_gateway.new_session()
+    with pytest.raises(openai.BadRequestError, match="input"):
+        _openai(session).responses.create(model="m", input=[])
+    assert live_gateway.records(session.key) == []
+
+
+@pytest.mark.conformance(feature="empty input", api="anthropic", status="refused")
+def test_anthropic_refuses_empty_messages(live_gateway):
+    session = live_gateway.new_session()
+    client = anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+    with pytest.raises(anthropic.BadRequestError, match="messages"):
+        client.messages.create(model="m", max_tokens=5, messages=[])
+    assert live_gateway.records(session.key) == []
+
+
+@pytest.mark.conformance(feature="empty input", api="google", status="refused")
+def test_gemini_refuses_empty_contents(live_gateway):
+    session = live_gateway.new_session()
+    client = genai.Client(
+        api_key=session.key, http_options=types.HttpOptions(base_url=session.base_urls["google"])
+    )
+    with pytest.raises(errors.ClientError, match="contents"):
+        client.models.generate_content(
+            model="gemini-x", contents=[types.Content(role="user", parts=[])]
+        )
+    assert live_gateway.records(session.key) == []
