@@ -46,6 +46,7 @@ from polar.providers.base import (
     sse,
     stop_list,
 )
+from polar.providers.logprobs import sampled_logprobs
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
 from polar.providers.types import (
     CaptureTags,
@@ -526,21 +527,14 @@ def _response_format(gen: dict[str, Any], capture: CaptureTags) -> ResponseForma
 
 
 def _logprobs_asked(gen: dict[str, Any], capture: CaptureTags) -> bool:
-    """``responseLogprobs: true`` returns each sampled token's logprob (the gateway captures
-    them anyway); ``logprobs`` asks for top candidates, which are not captured: a 400."""
-    asked = gen.get("responseLogprobs")
-    if asked is not None and not isinstance(asked, bool):
-        raise InvalidRequest("generationConfig.responseLogprobs must be a boolean")
-    top = optional_number(gen, "logprobs", int)
-    if top:
-        capture.feature("top_logprobs", "refused")
-        raise InvalidRequest(
-            "generationConfig.logprobs (top candidates) is not supported by this gateway (it "
-            "returns the sampled tokens' logprobs only); use responseLogprobs: true alone"
-        )
-    if asked:
-        capture.feature("logprobs", "honoured")
-    return asked is True
+    return sampled_logprobs(
+        gen.get("responseLogprobs"),
+        optional_number(gen, "logprobs", int),
+        capture,
+        field="generationConfig.responseLogprobs",
+        top_field="generationConfig.logprobs (top candidates)",
+        instead="use responseLogprobs: true alone",
+    )
 
 
 def _logprobs_result(completion: Completion) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from polar.providers.base import (
     sse,
     stop_list,
 )
+from polar.providers.logprobs import sampled_logprobs
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.types import (
     CaptureTags,
@@ -227,21 +228,14 @@ class OpenAIChatProvider(Provider):
 
 
 def _logprobs_asked(body: Mapping[str, Any], capture: CaptureTags) -> bool:
-    """``logprobs: true`` returns each sampled token's logprob (which the gateway captures
-    anyway); ``top_logprobs`` alternatives are not captured, so asking for any is a 400."""
-    asked = body.get("logprobs")
-    if asked is not None and not isinstance(asked, bool):
-        raise InvalidRequest("logprobs must be a boolean")
-    top = optional_number(body, "top_logprobs", int)
-    if top:
-        capture.feature("top_logprobs", "refused")
-        raise InvalidRequest(
-            "top_logprobs is not supported by this gateway (it returns the sampled tokens' "
-            "logprobs only); use logprobs: true with top_logprobs 0"
-        )
-    if asked:
-        capture.feature("logprobs", "honoured")
-    return bool(asked)
+    return sampled_logprobs(
+        body.get("logprobs"),
+        optional_number(body, "top_logprobs", int),
+        capture,
+        field="logprobs",
+        top_field="top_logprobs",
+        instead="use logprobs: true with top_logprobs 0",
+    )
 
 
 def _choice_logprobs(completion: Completion, request: NormalizedRequest) -> dict[str, Any] | None:

@@ -39,6 +39,7 @@ from polar.providers.base import (
     require_list,
     sse,
 )
+from polar.providers.logprobs import sampled_logprobs
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
 from polar.providers.stateful import RETRIEVE, StatefulReplies
@@ -334,19 +335,15 @@ def _parallel_tool_calls(
 
 
 def _logprobs_asked(body: Mapping[str, Any], capture: CaptureTags) -> bool:
-    """``include: ["message.output_text.logprobs"]`` returns each sampled token's logprob;
-    ``top_logprobs`` alternatives are not captured, so asking for any is a 400."""
-    if optional_number(body, "top_logprobs", int):
-        capture.feature("top_logprobs", "refused")
-        raise InvalidRequest(
-            "top_logprobs is not supported by this gateway (it returns the sampled tokens' "
-            "logprobs only, with include message.output_text.logprobs)"
-        )
     include = body.get("include")
-    asked = isinstance(include, list) and "message.output_text.logprobs" in include
-    if asked:
-        capture.feature("logprobs", "honoured")
-    return asked
+    return sampled_logprobs(
+        isinstance(include, list) and "message.output_text.logprobs" in include,
+        optional_number(body, "top_logprobs", int),
+        capture,
+        field="include",
+        top_field="top_logprobs",
+        instead="use include message.output_text.logprobs",
+    )
 
 
 def _check_accepted(body: Mapping[str, Any]) -> None:
