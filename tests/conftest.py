@@ -72,6 +72,7 @@ class GatewayHarness:
     def reset(self) -> None:
         self.engine.backend.script = Script()
         self.engine.backend.log.clear()
+        self.engine.backend.requests.clear()
         app_services(self.app).config.max_body_bytes = 32 * 1024 * 1024
 
 
