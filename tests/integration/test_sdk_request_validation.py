@@ -10,6 +10,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from polar.engines.scripted import ScriptedReply
+
 pytestmark = pytest.mark.slow
 
 
@@ -93,3 +95,34 @@ def test_gemini_refuses_empty_contents(live_gateway):
             model="gemini-x", contents=[types.Content(role="user", parts=[])]
         )
     assert live_gateway.records(session.key) == []
+
+
+@pytest.mark.conformance(feature="presence / frequency penalty", api="openai_chat", status="supported")
+def test_chat_penalties_reach_the_engine(live_gateway):
+    session = live_gateway.new_session()
+    live_gateway.script(ScriptedReply(content="ok"))
+    _openai(session).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+    )
+    body = live_gateway.engine.backend.requests[-1]
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.5, -0.25)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        _openai(session).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], presence_penalty=3
+        )
+
+
+@pytest.mark.conformance(feature="presence / frequency penalty", api="google", status="mapped")
+def test_gemini_penalties_reach_the_engine(live_gateway):
+    session = live_gateway.new_session()
+    live_gateway.script(ScriptedReply(content="ok"))
+    client = genai.Client(
+        api_key=session.key, http_options=types.HttpOptions(base_url=session.base_urls["google"])
+    )
+    config = types.GenerateContentConfig(presence_penalty=0.5, frequency_penalty=1.0)
+    client.models.generate_content(model="gemini-x", contents="hi", config=config)
+    body = live_gateway.engine.backend.requests[-1]
+    assert (body["presence_penalty"], body["frequency_penalty"]) == (0.5, 1.0)

@@ -555,6 +555,8 @@ def _sampling(gen: dict[str, Any]) -> SamplingParams:
         top_k=optional_number(gen, "topK", int),
         stop=stop_list(gen.get("stopSequences")),
         seed=optional_number(gen, "seed", int),
+        presence_penalty=optional_number(gen, "presencePenalty"),
+        frequency_penalty=optional_number(gen, "frequencyPenalty"),
     )
 
 

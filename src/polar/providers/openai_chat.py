@@ -126,6 +126,8 @@ class OpenAIChatProvider(Provider):
                 top_k=optional_number(body, "top_k", int),
                 stop=stop_list(body.get("stop")),
                 seed=optional_number(body, "seed", int),
+                presence_penalty=optional_number(body, "presence_penalty"),
+                frequency_penalty=optional_number(body, "frequency_penalty"),
             ),
             stream=bool(body.get("stream")),
             dropped_tools=dropped,

@@ -29,6 +29,8 @@ class SamplingParams:
     top_k: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
     def __post_init__(self) -> None:
         # Checked once here so every adapter rejects impossible values with a clear 400.
@@ -40,6 +42,10 @@ class SamplingParams:
             raise InvalidRequest("top_p must be between 0 and 1")
         if self.top_k is not None and self.top_k < -1:
             raise InvalidRequest("top_k must be -1 (off), 0 (off) or positive")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and not -2 <= value <= 2:
+                raise InvalidRequest(f"{name} must be between -2 and 2")
 
     def as_dict(self) -> dict[str, Any]:
         """The parameters that are set, as chat-completions body fields."""
