@@ -126,3 +126,42 @@ def test_gemini_penalties_reach_the_engine(live_gateway):
     client.models.generate_content(model="gemini-x", contents="hi", config=config)
     body = live_gateway.engine.backend.requests[-1]
     assert (body["presence_penalty"], body["frequency_penalty"]) == (0.5, 1.0)
+
+
+@pytest.mark.conformance(feature="logit_bias", api="openai_chat", status="supported")
+def test_chat_logit_bias_reaches_the_engine(live_gateway):
+    session = live_gateway.new_session()
+    live_gateway.script(ScriptedReply(content="ok"))
+    _openai(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], logit_bias={"42": -100}
+    )
+    assert live_gateway.engine.backend.requests[-1]["logit_bias"] == {"42": -100.0}
+
+
+@pytest.mark.conformance(feature="audio output", api="openai_chat", status="refused")
+def test_chat_audio_output_is_refused_by_name(live_gateway):
+    session = live_gateway.new_session()
+    with pytest.raises(openai.BadRequestError, match="audio"):
+        _openai(session).chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "wav"},
+        )
+    assert live_gateway.records(session.key) == []
+
+
+@pytest.mark.conformance(feature="image file sources", api="anthropic", status="refused")
+def test_anthropic_image_from_the_files_api_is_refused_by_name(live_gateway):
+    session = live_gateway.new_session()
+    client = anthropic.Anthropic(
+        base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+    )
+    image = {"type": "image", "source": {"type": "file", "file_id": "file_123"}}
+    with pytest.raises(anthropic.BadRequestError, match="Files API"):
+        client.messages.create(
+            model="m",
+            max_tokens=5,
+            messages=[{"role": "user", "content": [image, {"type": "text", "text": "what?"}]}],
+        )
+    assert live_gateway.records(session.key) == []

@@ -385,8 +385,11 @@ class _Conversion:
             return f"data:{media};base64,{data}"
         if kind == "url":
             return _string(source.get("url"), f"{where}.source.url")
-        self.capture.notes.append(f"dropped image with {kind} source at {where}")
-        return None
+        self.capture.feature("image file sources", "refused")
+        raise InvalidRequest(
+            f"{where}: images with a {kind!r} source (the Files API) are not supported by this "
+            "gateway; send the image as base64 or a url"
+        )
 
     def _tool_result(
         self, block: dict[str, Any], where: str, moved: list[dict[str, Any]]

@@ -70,6 +70,7 @@ class OpenAIChatProvider(Provider):
         system: list[str] = []
         messages: list[Message] = []
         capture = CaptureTags()
+        _refuse_audio(body, capture)
         legacy_ids: dict[str, str] = {}  # function name -> id of its latest legacy call
         for i, raw in enumerate(require_list(body.get("messages"), "messages")):
             msg = require_dict(raw, f"messages[{i}]")
@@ -128,6 +129,7 @@ class OpenAIChatProvider(Provider):
                 seed=optional_number(body, "seed", int),
                 presence_penalty=optional_number(body, "presence_penalty"),
                 frequency_penalty=optional_number(body, "frequency_penalty"),
+                logit_bias=_logit_bias(body.get("logit_bias")),
             ),
             stream=bool(body.get("stream")),
             dropped_tools=dropped,
@@ -227,6 +229,33 @@ class OpenAIChatProvider(Provider):
     def stream_error(self, error: GatewayError) -> bytes:
         """A frame with an ``error`` key: the openai SDK's stream raises it as APIError."""
         return sse(openai_error_body(error)) + _DONE
+
+
+def _logit_bias(value: Any) -> dict[str, float] | None:
+    """Token id -> bias, passed to the engine as is (it samples with it, so the captured
+    logprobs are the ones it sampled from)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str)
+        and k.lstrip("-").isdigit()
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and -100 <= v <= 100
+        for k, v in value.items()
+    ):
+        raise InvalidRequest("logit_bias must map token ids to numbers between -100 and 100")
+    return {k: float(v) for k, v in value.items()} or None
+
+
+def _refuse_audio(body: Mapping[str, Any], capture: CaptureTags) -> None:
+    """Audio output needs an audio model the gateway does not serve: a 400 naming it."""
+    modalities = body.get("modalities")
+    if body.get("audio") is not None or (isinstance(modalities, list) and "audio" in modalities):
+        capture.feature("audio output", "refused")
+        raise InvalidRequest(
+            "audio output (modalities: audio, audio) is not supported by this gateway"
+        )
 
 
 def _logprobs_asked(body: Mapping[str, Any], capture: CaptureTags) -> bool:

@@ -31,6 +31,7 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         # Checked once here so every adapter rejects impossible values with a clear 400.

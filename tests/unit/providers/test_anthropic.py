@@ -332,7 +332,6 @@ def test_user_media_and_documents() -> None:
                 "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"},
             },
             {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
-            {"type": "image", "source": {"type": "file", "file_id": "file_1"}},
             {
                 "type": "document",
                 "source": {"type": "text", "media_type": "text/plain", "data": "doc text"},
@@ -361,8 +360,10 @@ def test_user_media_and_documents() -> None:
             ]
         )
     ]
-    assert request.capture.notes == ["dropped image with file source at messages[0].content[3]"]
+    assert request.capture.notes == []
     assert request.capture.features == {"text documents": "mapped"}
+    with pytest.raises(InvalidRequest, match="Files API"):
+        parse_user([{"type": "image", "source": {"type": "file", "file_id": "file_1"}}])
 
 
 def test_a_titled_text_document_keeps_its_title() -> None:
