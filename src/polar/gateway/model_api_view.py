@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, quote
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from polar.gateway.sessions import SESSION_PREFIX
+from polar.gateway.sessions import SESSION_PREFIX, split_session_prefix
 
 # The provider API roots after the session prefix (what the SDK base URLs end in).
 API_ROOTS = ("/v1", "/v1beta", "/v1alpha")
@@ -46,12 +46,10 @@ class Refusal(Exception):
 def own_path(method: str, path: str, own_key: str) -> str:
     """``path`` rewritten under ``/s/<own_key>``, or :class:`Refusal` if it is not the model
     API or names another session."""
-    rest = path
-    if path == SESSION_PREFIX.rstrip("/") or path.startswith(SESSION_PREFIX):
-        key, slash, tail = path[len(SESSION_PREFIX) :].partition("/")
-        if key != own_key:
-            raise Refusal(403, "permission_error", "this sandbox may use its own session only")
-        rest = slash + tail
+    key, rest = split_session_prefix(path)
+    prefixed = path.startswith(SESSION_PREFIX) or path == SESSION_PREFIX.rstrip("/")
+    if prefixed and key != own_key:
+        raise Refusal(403, "permission_error", "this sandbox may use its own session only")
     segments = rest.split("/")
     if "." in segments or ".." in segments:
         raise Refusal(404, "not_found_error", "dot segments are not served here")
