@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 # path, bearer token (None when none was sent) -> the admitted principal, OPEN, or None (401)
@@ -52,24 +53,17 @@ class TokenGuard:
             return
         principal = self.authorize(scope["path"], bearer(scope["headers"]))
         if principal is None:
-            await _unauthorized(send, self.realm)
+            await _unauthorized(self.realm)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
 
 
-async def _unauthorized(send: Send, realm: str) -> None:
+def _unauthorized(realm: str) -> Response:
     body = orjson.dumps({"detail": f"{realm} required: send it as 'Authorization: Bearer <token>'"})
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b"Bearer"),
-                (b"connection", b"close"),
-            ],
-        }
+    return Response(
+        body,
+        status_code=401,
+        media_type="application/json",
+        headers={"www-authenticate": "Bearer", "connection": "close"},
     )
-    await send({"type": "http.response.body", "body": body})

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qsl, quote
 
 import orjson
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from polar.gateway.sessions import SESSION_PREFIX, split_session_prefix
@@ -89,7 +90,7 @@ class ModelApiView:
             path = own_path(scope["method"], scope["path"], self.session_id)
             check_keys(scope["headers"], scope.get("query_string", b""), self.session_id)
         except Refusal as refusal:
-            await _answer(send, refusal)
+            await _answer(refusal)(scope, receive, send)
             return
         scope = {
             **scope,
@@ -105,16 +106,6 @@ def model_api_views(app: ASGIApp) -> Callable[[str], ModelApiView]:
     return lambda session_id: ModelApiView(app, session_id)
 
 
-async def _answer(send: Send, refusal: Refusal) -> None:
+def _answer(refusal: Refusal) -> Response:
     body = orjson.dumps({"error": {"type": refusal.kind, "message": refusal.message}})
-    await send(
-        {
-            "type": "http.response.start",
-            "status": refusal.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    return Response(body, status_code=refusal.status, media_type="application/json")
