@@ -10,6 +10,7 @@ from polar.schemas.task import (
     StrategySpec,
     TaskRequest,
     TaskResult,
+    WorkspaceSource,
 )
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 
@@ -26,4 +27,5 @@ __all__ = [
     "Trace",
     "Trajectory",
     "TrajectoryStatus",
+    "WorkspaceSource",
 ]

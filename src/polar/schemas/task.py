@@ -3,12 +3,40 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar.schemas.ids import NodeId, SessionId, TaskId
 from polar.schemas.trajectory import Trajectory
+
+
+class WorkspaceSource(BaseModel):
+    """Where a workspace's starting tree comes from, laid down at INIT before ``files``.
+
+    ``git``: a clone of ``repo`` (a host path of a git repository or a ``git bundle`` file) with
+    ``commit`` checked out, made on the host (no git needed inside the sandbox) and kept as a
+    cached checkout, so thousands of sessions copy it instead of cloning. ``image``: the
+    directory ``path`` of the runtime's image (default: the workdir), copied out before the
+    workspace mount hides it, as a SWE-bench image's ``/testbed``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["git", "image"]
+    repo: str | None = Field(None, description="git: host path of a repository or bundle.")
+    commit: str | None = Field(None, description="git: the commit checked out (default HEAD).")
+    path: str | None = Field(None, description="image: directory copied (default: workdir).")
+
+    @model_validator(mode="after")
+    def _fields_fit_kind(self) -> WorkspaceSource:
+        if self.kind == "git" and not self.repo:
+            raise ValueError("a git workspace source needs repo (a repository path or bundle)")
+        if self.kind == "git" and self.path is not None:
+            raise ValueError("path is for an image workspace source; git takes repo and commit")
+        if self.kind == "image" and (self.repo is not None or self.commit is not None):
+            raise ValueError("repo and commit are for a git workspace source; image takes path")
+        return self
 
 
 class RuntimeSpec(BaseModel):
@@ -22,6 +50,9 @@ class RuntimeSpec(BaseModel):
     image: str | None = Field(None, description="Container image (docker/apptainer).")
     workdir: str = Field(
         "/workspace", description="The harness's working directory inside the runtime."
+    )
+    source: WorkspaceSource | None = Field(
+        None, description="The workspace's starting tree (a git checkout, or the image's)."
     )
     files: dict[str, str] = Field(
         default_factory=dict, description="Files to create in the workdir: path -> content."
