@@ -18,6 +18,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "embedded": ("torch", "transformers", "gguf"),
     "parquet": ("pyarrow",),
     "train": ("torch", "transformers", "gguf"),
+    "swe": ("swebench",),
 }
 
 

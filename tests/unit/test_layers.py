@@ -41,9 +41,10 @@ LAYERS: list[set[str]] = [
         "runtimes",
         "harnesses",
         "client",
+        "swe",
     },
     {"gateway", "rollout"},
-    {"stack", "training", "quickstart"},
+    {"stack", "training", "quickstart", "generation"},
     {"cli"},
 ]
 # Same layer, yet they must not know each other: they talk only over HTTP, through schemas/.
