@@ -78,6 +78,37 @@ class Script:
         with self._lock:
             return self._queue.popleft() if self._queue else self.default
 
+    needs_conversation: ClassVar[bool] = False
+    """Whether :meth:`choose` reads the conversation (the engine then works it out)."""
+
+    def choose(self, conversation: str, turn: int) -> ScriptedReply:
+        """The reply to one request; a plain script ignores what was asked and pops its queue."""
+        return self.next()
+
+
+class ConversationScript(Script):
+    """Replies chosen by the conversation itself, so concurrent sessions each follow their own
+    script: the first rule whose marker occurs in the conversation's text, at the index of the
+    assistant turns taken so far (past its end, ``default``). A conversation no marker matches
+    takes the queue, then ``default``."""
+
+    needs_conversation: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        rules: dict[str, list[ScriptedReply]],
+        default: ScriptedReply | None = None,
+        replies: list[ScriptedReply] | None = None,
+    ) -> None:
+        super().__init__(replies, default)
+        self.rules = {marker: list(steps) for marker, steps in rules.items()}
+
+    def choose(self, conversation: str, turn: int) -> ScriptedReply:
+        for marker, steps in self.rules.items():
+            if marker in conversation:
+                return steps[turn] if turn < len(steps) else self.default
+        return self.next()
+
 
 def logprob_for(position: int, token_id: int) -> float:
     """A deterministic, token-dependent fake logprob (real values come from real engines)."""
@@ -122,6 +153,21 @@ class ScriptedBackend:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
+
+    def conversation(self, body: dict[str, Any]) -> tuple[str, int]:
+        """A request's conversation as text, and the assistant turns it already holds."""
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            text = "\n".join(_message_text(m) for m in messages if isinstance(m, dict))
+            turns = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+            return text, turns
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return "", 0
+        text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        # The rendered prompt ends with the generation prompt: one assistant header more than
+        # the turns already taken.
+        return text, max(text.count("<|im_start|>assistant") - 1, 0)
 
     def check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
@@ -285,6 +331,13 @@ class ScriptedBackend:
         return reply_body
 
 
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
 def _chat_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     """The schema a chat body's ``response_format`` asks for (``{}`` for any JSON object)."""
     spec = body.get("response_format")
@@ -384,7 +437,12 @@ def create_scripted_app(backend: ScriptedBackend) -> Starlette:
     async def answer(request: Request, respond: Any) -> Response:
         body = await request.json()
         backend.requests.append(body)
-        reply = backend.script.next()
+        script = backend.script
+        if script.needs_conversation:
+            conversation, turn = await run_in_threadpool(backend.conversation, body)
+            reply = script.choose(conversation, turn)
+        else:
+            reply = script.next()
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.error_status:
