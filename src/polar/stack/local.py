@@ -41,7 +41,8 @@ class LocalStack:
     beside it in ``gateway.token``) and one directory per session (``sessions/<id>``). With
     ``admin_token`` given, both servers use it instead. ``ready_buffer`` is
     the node's (default: one prepared runtime per run slot; 0 starts a session's runtime, and
-    so its time budget, only when a run slot is free).
+    so its time budget, only when a run slot is free). ``postrun_workers`` build and evaluate
+    finished sessions at once (raise it when evaluations run tests).
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class LocalStack:
         runtime: str | None = None,
         run_workers: int = 4,
         init_workers: int = 2,
+        postrun_workers: int = 2,
         ready_buffer: int | None = None,
         admin_token: str | None = None,
     ) -> None:
@@ -70,6 +72,7 @@ class LocalStack:
         self.runtime = runtime
         self.run_workers = run_workers
         self.init_workers = init_workers
+        self.postrun_workers = postrun_workers
         self.ready_buffer = run_workers if ready_buffer is None else ready_buffer
         self.admin_token = admin_token
         self.rollout: BackgroundServer | None = None
@@ -193,6 +196,7 @@ class LocalStack:
                 node_id=NODE_ID,
                 init_workers=self.init_workers,
                 run_workers=self.run_workers,
+                postrun_workers=self.postrun_workers,
                 ready_buffer=self.ready_buffer,
                 work_dir=self.work_dir / "sessions",
                 rollout_url=self.rollout.url,
