@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from polar.evaluators.base import Evaluator
 from polar.evaluators.session_completed import SessionCompleted
+from polar.evaluators.swe_tests import SWETests
 from polar.evaluators.test_on_output import TestOnOutput
 from polar.registry import Registry
 from polar.schemas.task import EvaluatorSpec
@@ -11,6 +12,7 @@ from polar.schemas.task import EvaluatorSpec
 EVALUATORS: Registry[Evaluator] = Registry("evaluator")
 EVALUATORS.add("session_completed", SessionCompleted)
 EVALUATORS.add("test_on_output", TestOnOutput)
+EVALUATORS.add("swe_tests", SWETests)
 
 
 def create_evaluator(spec: EvaluatorSpec) -> Evaluator:

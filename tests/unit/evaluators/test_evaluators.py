@@ -168,7 +168,7 @@ class Constant(Evaluator):
 
 
 async def test_registry_names_and_import_paths(tmp_path: Path):
-    assert EVALUATORS.names() == ["session_completed", "test_on_output"]
+    assert EVALUATORS.names() == ["session_completed", "swe_tests", "test_on_output"]
     spec = EvaluatorSpec(strategy=f"{__name__}:Constant", config={"value": 0.25})
     result = await create_evaluator(spec).evaluate(Fixture(tmp_path).context(spec))
     assert result == EvaluationResult(reward=0.25, passed=None)
