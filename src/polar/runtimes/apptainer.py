@@ -15,6 +15,9 @@ injects past ``--cleanenv``, so they never appear on a command line. ``--cpus`` 
 ``--memory`` are passed when the spec sets limits; rootless, Apptainer enforces them only where
 cgroups v2 is delegated to the user (systemd), and fails the exec otherwise.
 
+A workspace source of kind ``image`` is copied with the image's own ``cp -a`` into the
+workspace (bound at :data:`SEED_INSIDE` for that one exec) before the first command runs.
+
 Options: ``apptainer`` (the binary), ``exec_args`` (extra ``apptainer exec`` arguments),
 ``forwarder_python``, ``gateway_port``.
 """
@@ -28,7 +31,7 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import AsgiApp, Launch, run_cli, tail_text
+from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Launch, run_cli, tail_text
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -38,6 +41,8 @@ from polar.runtimes.sandboxed import ImageOptions, SandboxedRuntime
 from polar.schemas.task import RuntimeSpec
 
 ENV_PREFIX = "APPTAINERENV_"
+# Where the workspace is bound while an image workspace source is copied into it.
+SEED_INSIDE = "/.polar/seed"
 
 
 class ApptainerOptions(ImageOptions):
@@ -83,6 +88,29 @@ class ApptainerRuntime(SandboxedRuntime):
             args += ["--memory", f"{self.spec.memory_mb}M"]
         return [*args, *self.exec_args, self.spec.image or "", *argv]
 
+    def seed_argv(self, path: str) -> list[str]:
+        """``apptainer exec``: copy the image's ``path`` into the workspace, bound elsewhere so
+        the image's own directory stays visible."""
+        args = [self.apptainer, "exec", "--containall"]
+        args += ["--bind", f"{self.workspace_path}:{SEED_INSIDE}", *self.exec_args]
+        return [*args, self.spec.image or "", "cp", "-a", f"{path.rstrip('/')}/.", SEED_INSIDE]
+
+    async def _seed_from_image(self, path: str) -> None:
+        self._need_cli()
+        argv = self.seed_argv(path)
+        code, _, err = await run_cli(argv, timeout_s=SEED_TIMEOUT_S)
+        if code != 0:
+            raise RuntimeStartError(
+                f"copying {path} out of the image {self.spec.image!r} failed (exit {code})",
+                command=" ".join(argv),
+                exit_code=code,
+                stderr_tail=tail_text(err),
+            )
+
+    def _need_cli(self) -> None:
+        if shutil.which(self.apptainer) is None:
+            raise RuntimeStartError(f"the apptainer runtime needs the {self.apptainer!r} CLI")
+
     def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
         client_env = {
             name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)
@@ -94,8 +122,7 @@ class ApptainerRuntime(SandboxedRuntime):
         return Launch(self.exec_argv(argv, cwd), client_env)
 
     async def _boot(self) -> None:
-        if shutil.which(self.apptainer) is None:
-            raise RuntimeStartError(f"the apptainer runtime needs the {self.apptainer!r} CLI")
+        self._need_cli()
         code, _, err = await run_cli([self.apptainer, "--version"])
         if code != 0:
             raise RuntimeStartError(

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
+from polar.runtimes.checkouts import default_cache_dir, shared_checkout
 from polar.schemas.task import RuntimeSpec
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
@@ -47,6 +48,8 @@ DEFAULT_PREPARE_TIMEOUT_S = 1800.0
 _READ_GRACE_S = 1.0
 _STDERR_TAIL = 4000
 CLI_TIMEOUT_S = 120.0
+# Copying an image's workspace source out (a large repository's tree) may take a while.
+SEED_TIMEOUT_S = 1800.0
 
 AsgiApp = Callable[
     [
@@ -300,15 +303,20 @@ class Runtime(ABC):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Lay out the session dir, write ``spec.files``, boot, and run ``spec.prepare``.
+        """Lay out the session dir, seed the workspace from ``spec.source``, write
+        ``spec.files`` over it, boot, and run ``spec.prepare``.
 
-        Raises :class:`RuntimeStartError` (after stopping what did start) on any failure.
+        The same spec always gives the same starting tree, so an evaluator can compare the
+        agent's workspace with a fresh runtime's. Raises :class:`RuntimeStartError` (after
+        stopping what did start) on any failure.
         """
         if self._started:
             return
         self._started = True
         try:
             await asyncio.to_thread(self._lay_out)
+            await self._seed()
+            await asyncio.to_thread(self._write_files)
             await self._boot()
             for command in self.spec.prepare:
                 await self._prepare(command)
@@ -388,6 +396,13 @@ class Runtime(ABC):
         """Variables every exec gets before ``spec.env`` and the exec's own."""
         return {"HOME": self.home, "LANG": "C.UTF-8", "TERM": "dumb"}
 
+    async def _seed_from_image(self, path: str) -> None:
+        """Copy the image's directory ``path`` into the workspace (runtimes with an image)."""
+        raise ConfigError(
+            f"the {self.name} runtime has no image: an image workspace source needs docker "
+            "or apptainer"
+        )
+
     async def _boot(self) -> None:  # noqa: B027 - runtimes without a daemon have nothing to boot
         """Bring the sandbox up after the session dir is laid out."""
 
@@ -416,6 +431,21 @@ class Runtime(ABC):
             self.run_path,
         ):
             path.mkdir(parents=True, exist_ok=True)
+
+    async def _seed(self) -> None:
+        """Lay the starting tree of ``spec.source`` into the workspace."""
+        source = self.spec.source
+        if source is None:
+            return
+        if source.kind == "image":
+            await self._seed_from_image(source.path or self.spec.workdir)
+            return
+        tree = await shared_checkout(source.repo or "", source.commit, default_cache_dir())
+        await asyncio.to_thread(
+            shutil.copytree, tree, self.workspace_path, symlinks=True, dirs_exist_ok=True
+        )
+
+    def _write_files(self) -> None:
         for rel, content in self.spec.files.items():
             target = self.workspace_path / rel
             target.parent.mkdir(parents=True, exist_ok=True)

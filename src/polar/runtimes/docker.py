@@ -20,6 +20,9 @@ Exec environment values travel in the docker client's environment (``-e NAME`` w
 value), never on its command line. Each exec is tagged with ``POLAR_EXEC_ID`` so a timeout or
 cancel can kill exactly its processes inside the container, not only the client.
 
+A workspace source of kind ``image`` is copied out of the image before the container starts
+(``docker create``, ``docker cp``, ``docker rm``): the workspace mount would hide it after.
+
 Options: ``docker`` (the binary), ``user``, ``run_args`` (extra ``docker run`` arguments,
 e.g. ``["--shm-size", "1g"]``), ``forwarder_python``, ``gateway_port``.
 """
@@ -37,7 +40,14 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import AsgiApp, Capabilities, Launch, run_cli, tail_text
+from polar.runtimes.base import (
+    SEED_TIMEOUT_S,
+    AsgiApp,
+    Capabilities,
+    Launch,
+    run_cli,
+    tail_text,
+)
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -141,6 +151,12 @@ class DockerRuntime(SandboxedRuntime):
     def rm_argv(self) -> list[str]:
         return [self.docker, "rm", "-f", self.container]
 
+    def seed_create_argv(self, name: str) -> list[str]:
+        """``docker create``: a container never started, only to copy a directory out of."""
+        return [self.docker, "create", "--name", name, "--network", "none",
+                "--label", f"polar.session={self.session_dir.name}",
+                "--entrypoint", "true", self.spec.image or ""]  # fmt: skip
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
@@ -149,9 +165,38 @@ class DockerRuntime(SandboxedRuntime):
         client_env["DOCKER_CONFIG"] = os.environ.get("DOCKER_CONFIG", str(Path.home() / ".docker"))
         return Launch(self.exec_argv(argv, sorted(env), cwd), client_env)
 
-    async def _boot(self) -> None:
+    async def _seed_from_image(self, path: str) -> None:
+        """Copy the image's ``path`` out through a created, never started container, before
+        the workspace mount hides it."""
+        self._need_cli()
+        name = f"{self.container}-seed"
+        code, _, err = await run_cli(self.seed_create_argv(name))
+        if code != 0:
+            raise RuntimeStartError(
+                f"docker create of {self.spec.image!r} failed (exit {code})",
+                command=" ".join(self.seed_create_argv(name)),
+                exit_code=code,
+                stderr_tail=tail_text(err),
+            )
+        try:
+            argv = self.cp_argv(f"{name}:{path.rstrip('/')}/.", str(self.workspace_path))
+            code, _, err = await run_cli(argv, timeout_s=SEED_TIMEOUT_S)
+            if code != 0:
+                raise RuntimeStartError(
+                    f"copying {path} out of the image {self.spec.image!r} failed (exit {code})",
+                    command=" ".join(argv),
+                    exit_code=code,
+                    stderr_tail=tail_text(err),
+                )
+        finally:
+            await run_cli([self.docker, "rm", "-f", name])
+
+    def _need_cli(self) -> None:
         if shutil.which(self.docker) is None:
             raise RuntimeStartError(f"the docker runtime needs the {self.docker!r} CLI")
+
+    async def _boot(self) -> None:
+        self._need_cli()
         if self.relay is not None:
             await self.relay.start()
         await asyncio.to_thread(self._hand_over, self.workspace_path, self.home_path)

@@ -66,3 +66,15 @@ class SandboxedRuntime(Runtime):
     @property
     def gateway_url_inside(self) -> str:
         return self.relay.url_inside if self.relay else self.gateway_url
+
+    def _base_env(self) -> dict[str, str]:
+        # The workspace's files belong to whoever made them on the host (or to the container's
+        # user): git inside must still trust a checkout there instead of refusing it for
+        # "dubious ownership". Only configuration from the environment or a global file
+        # counts for that, never the repository's own .git/config.
+        return {
+            **super()._base_env(),
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+        }

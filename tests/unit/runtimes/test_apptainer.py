@@ -12,7 +12,7 @@ import pytest
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.apptainer import ENV_PREFIX, ApptainerRuntime
 from polar.runtimes.gateway_relay import FORWARDER_SOURCE
-from polar.schemas.task import RuntimeSpec
+from polar.schemas.task import RuntimeSpec, WorkspaceSource
 
 
 def make(tmp_path: Path, **spec: object) -> ApptainerRuntime:
@@ -59,6 +59,26 @@ def test_env_travels_as_apptainerenv_except_home(tmp_path: Path, monkeypatch: py
 def test_an_image_is_required(tmp_path: Path):
     with pytest.raises(ConfigError, match="image"):
         ApptainerRuntime(RuntimeSpec(kind="apptainer"), tmp_path, "http://127.0.0.1:1")
+
+
+def test_an_image_source_is_copied_by_the_images_cp(tmp_path: Path):
+    rt = make(tmp_path, workdir="/testbed", options={"exec_args": ["--nv"]})
+    assert rt.seed_argv("/testbed") == [
+        "apptainer", "exec", "--containall",
+        "--bind", f"{rt.workspace_path}:/.polar/seed", "--nv",
+        "/images/py.sif", "cp", "-a", "/testbed/.", "/.polar/seed",
+    ]  # fmt: skip
+
+
+async def test_a_failed_image_copy_fails_start(tmp_path: Path):
+    fake = tmp_path / "apptainer"
+    fake.write_text("#!/bin/sh\necho \"cp: cannot stat '/nowhere/.'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    source = WorkspaceSource(kind="image", path="/nowhere")
+    rt = make(tmp_path, source=source, options={"apptainer": str(fake)})
+    with pytest.raises(RuntimeStartError, match="copying /nowhere out of the image") as caught:
+        await rt.start()
+    assert "cannot stat" in caught.value.stderr_tail
 
 
 async def test_missing_cli_fails_start_clearly(tmp_path: Path):

@@ -17,12 +17,13 @@ from images.local_image import IMAGE, docker_unready
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.docker import EXEC_ID_VAR, DockerRuntime
 from polar.runtimes.gateway_relay import FORWARDER_SOURCE
-from polar.schemas.task import RuntimeSpec
+from polar.schemas.task import RuntimeSpec, WorkspaceSource
 
 # Plays the docker CLI on the host: logs each argv, runs exec'd commands locally with only the
-# variables named by -e (as docker does), answers run/rm/cp.
+# variables named by -e (as docker does), answers run/create/rm, and copies `cp CONTAINER:PATH`
+# out of FAKE_DOCKER_IMAGE_ROOT (the image a test plays).
 FAKE_DOCKER = """#!{python}
-import json, os, subprocess, sys
+import json, os, shutil, subprocess, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
     log.write(json.dumps(args) + "\\n")
@@ -39,6 +40,11 @@ elif args[0] == "exec":
             if flag == "-e":
                 env[value] = os.environ[value]
     sys.exit(subprocess.call(rest[1:], env=env))
+elif args[0] == "cp" and ":" in args[1]:  # out of a container: from FAKE_DOCKER_IMAGE_ROOT
+    source = os.environ.get("FAKE_DOCKER_IMAGE_ROOT", "/nonexistent") + args[1].split(":", 1)[1]
+    if not os.path.isdir(source):
+        sys.exit("Error: Could not find the file in container")
+    shutil.copytree(source, args[2], symlinks=True, dirs_exist_ok=True)
 """
 
 
@@ -84,6 +90,7 @@ def test_the_user_is_an_option(tmp_path: Path):
 def test_the_workspace_is_handed_to_the_container_user(tmp_path: Path):
     rt = make(tmp_path, files={"pkg/a.py": "x"}, options={"user": "4242:4243"})
     rt._lay_out()
+    rt._write_files()
     rt._hand_over(rt.workspace_path, rt.home_path)
     for path in (rt.workspace_path, rt.workspace_path / "pkg", rt.workspace_path / "pkg/a.py"):
         info = path.stat()
@@ -186,6 +193,48 @@ async def test_failed_run_raises_with_the_cli_error(tmp_path, fake_docker, monke
     with pytest.raises(RuntimeStartError, match="Cannot connect to the Docker daemon"):
         await rt.start()
     assert not any(call[0] == "rm" for call in logged(tmp_path))
+
+
+async def test_an_image_source_is_copied_out_before_the_container_starts(
+    tmp_path: Path, fake_docker: Path, monkeypatch: pytest.MonkeyPatch
+):
+    image_root = tmp_path / "image"
+    (image_root / "testbed" / "pkg").mkdir(parents=True)
+    (image_root / "testbed" / "pkg" / "a.py").write_text("A = 1\n")
+    (image_root / "testbed" / "setup.py").write_text("old")
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE_ROOT", str(image_root))
+    rt = make(
+        tmp_path,
+        network="host",
+        workdir="/testbed",
+        source=WorkspaceSource(kind="image"),
+        files={"setup.py": "new"},
+        options={"docker": str(fake_docker)},
+    )
+    await rt.start()
+    await rt.stop()
+    assert (rt.workspace_path / "pkg" / "a.py").read_text() == "A = 1\n"
+    assert (rt.workspace_path / "setup.py").read_text() == "new"
+    seed = f"{rt.container}-seed"
+    calls = logged(tmp_path)
+    assert calls[:4] == [
+        rt.seed_create_argv(seed)[1:],
+        ["cp", f"{seed}:/testbed/.", str(rt.workspace_path)],
+        ["rm", "-f", seed],
+        rt.run_argv()[1:],
+    ]
+    assert calls[0][calls[0].index("--entrypoint") + 1] == "true"  # never started
+
+
+async def test_a_missing_image_directory_fails_start_and_removes_the_seed_container(
+    tmp_path: Path, fake_docker: Path
+):
+    source = WorkspaceSource(kind="image", path="/nowhere")
+    rt = make(tmp_path, network="host", source=source, options={"docker": str(fake_docker)})
+    with pytest.raises(RuntimeStartError, match="copying /nowhere out of the image"):
+        await rt.start()
+    calls = logged(tmp_path)
+    assert [call[0] for call in calls] == ["create", "cp", "rm"]
 
 
 @pytest.mark.slow
