@@ -1,0 +1,1 @@
+# Puts the repository root on sys.path, so the tests import shopcart from this checkout.

@@ -1,0 +1,5 @@
+"""Small string helpers."""
+
+from textkit.strings import slugify, truncate, word_count
+
+__all__ = ["slugify", "truncate", "word_count"]
