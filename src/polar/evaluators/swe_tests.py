@@ -12,7 +12,8 @@ The model never edits the tests that grade it:
 
 - its changes to protected paths are discarded: the usual test locations, every conftest,
   pytest's own config files and modules that would shadow pytest (:data:`DEFAULT_PROTECTED`),
-  plus every path the test patch touches and every file a graded pytest id names;
+  plus every path the test patch touches and every file a graded pytest id names, and a
+  change to ``setup.cfg``, ``tox.ini`` or ``pyproject.toml`` that touches pytest's section;
 - the test patch is applied over those clean files, inside the fresh runtime;
 - the default pytest command runs with ``-p no:cacheprovider`` (no ``--lf`` state from the
   agent's cache); pytest's config is *not* replaced with ``-c /dev/null``, which would break
@@ -48,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polar.errors import ConfigError
 from polar.evaluators.base import EvaluationContext, EvaluationResult, Evaluator, parse_config
 from polar.evaluators.patch_text import unified_patch
+from polar.evaluators.pytest_config import changes_pytest_config
 from polar.evaluators.workspace_diff import (
     DEFAULT_IGNORE,
     WorkspaceDiff,
@@ -68,12 +70,16 @@ DEFAULT_PROTECTED = (
     "test_*.py",
     "*/test_*.py",
     "*_test.py",
-    # what changes how pytest collects, runs and reports them
+    # what changes how pytest collects, runs and reports them (the pytest sections of
+    # setup.cfg, tox.ini and pyproject.toml are guarded apart: see pytest_config)
     "*conftest.py",
     "pytest.ini",
+    "*/pytest.ini",
     ".pytest.ini",
-    "tox.ini",
+    "*/.pytest.ini",
     ".pytest_cache",
+    "*.egg-info",
+    "*.dist-info",
     # modules that would shadow pytest or run at interpreter start
     "pytest.py",
     "_pytest",
@@ -325,14 +331,20 @@ class SWETests(Evaluator):
             changed=[p for p in diff.changed if p not in gitignored],
             deleted=[p for p in diff.deleted if p not in gitignored],
         )
+        config_changes = await asyncio.to_thread(
+            lambda: [
+                p for p in [*diff.changed, *diff.deleted] if changes_pytest_config(p, agent, base)
+            ]
+        )
+        protected = [*self.protected, *(glob.escape(p) for p in config_changes)]
         mine = WorkspaceDiff(
-            changed=[p for p in diff.changed if not matches(p, self.protected)],
-            deleted=[p for p in diff.deleted if not matches(p, self.protected)],
+            changed=[p for p in diff.changed if not matches(p, protected)],
+            deleted=[p for p in diff.deleted if not matches(p, protected)],
         )
         patch, truncated = await asyncio.to_thread(
             unified_patch, mine, agent, base, MODEL_PATCH_LIMIT
         )
-        applied = await asyncio.to_thread(apply_diff, diff, agent, base, self.protected)
+        applied = await asyncio.to_thread(apply_diff, diff, agent, base, protected)
         details: dict[str, Any] = {
             "instance_id": cfg.instance_id,
             "model_patch": patch,

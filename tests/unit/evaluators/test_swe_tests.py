@@ -245,29 +245,55 @@ async def test_editing_the_graded_tests_is_discarded(task: Task):
     assert "test_calc.py" not in result.details["model_patch"]
 
 
+def fooled_in_place(task: Task) -> bool:
+    """Whether the agent's trick makes every test pass where it worked."""
+    apply = ["git", "apply", "-"]
+    subprocess.run(apply, cwd=task.workspace, input=task.test_patch, text=True, check=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests"],
+            cwd=task.workspace,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        subprocess.run(
+            [*apply, "-R"], cwd=task.workspace, input=task.test_patch, text=True, check=True
+        )
+    return "4 passed" in done.stdout and "failed" not in done.stdout
+
+
 async def test_a_conftest_forcing_passes_is_discarded(task: Task):
     task.write("conftest.py", FORCE_PASS_CONFTEST)
     task.write("pkg/conftest.py", FORCE_PASS_CONFTEST)
     task.write("pytest.ini", "[pytest]\naddopts = -p calc\n")
     task.write("calc.py", BUGGY + "\n# looked into it\n")
-    # where the agent worked, the trick fools pytest (the test patch applied there too)
-    subprocess.run(
-        ["git", "apply", "-"], cwd=task.workspace, input=task.test_patch, text=True, check=True
-    )
-    in_place = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests"],
-        cwd=task.workspace,
-        capture_output=True,
-        text=True,
-    )
-    assert "4 passed" in in_place.stdout
-    subprocess.run(["git", "checkout", "-q", "--", "tests"], cwd=task.workspace, check=True)
+    assert fooled_in_place(task)
     result = await task.grade()
     assert result.passed is False and result.details["fail_to_pass"]["failure"] == F2P
     assert result.details["protected_changes_discarded"] == [
         "conftest.py",
         "pkg/conftest.py",
         "pytest.ini",
+    ]
+
+
+async def test_a_plugin_loaded_from_setup_cfg_is_discarded_but_metadata_edits_apply(task: Task):
+    plugin = FORCE_PASS_CONFTEST.replace("import pytest", "import pytest  # a plugin module")
+    task.write("calc_plugin.py", plugin)
+    task.write("setup.cfg", "[metadata]\nname = calc\n\n[tool:pytest]\naddopts = -p calc_plugin\n")
+    assert fooled_in_place(task)
+    result = await task.grade()
+    assert result.passed is False and result.details["fail_to_pass"]["failure"] == F2P
+    assert result.details["protected_changes_discarded"] == ["setup.cfg"]
+    assert result.details["applied"] == ["calc_plugin.py"]
+    task.write("setup.cfg", "[metadata]\nname = calc\n")
+    task.write("calc.py", GOLD)
+    fixed = await task.grade()
+    assert fixed.passed is True and fixed.details["applied"] == [
+        "calc.py",
+        "calc_plugin.py",
+        "setup.cfg",
     ]
 
 
