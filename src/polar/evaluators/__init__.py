@@ -1,1 +1,1 @@
-"""Score a finished session: session_completed, test_on_output (see docs/runtimes.md)."""
+"""Score a finished session: session_completed, test_on_output, swe_tests (see docs/runtimes.md)."""

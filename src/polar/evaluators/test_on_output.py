@@ -13,11 +13,8 @@ With ``refresh_runtime`` the tests do not run where the agent worked: a fresh ru
 started from the task's spec, the agent's file changes are copied onto it except protected
 paths, and the tests run there, so an agent cannot win by editing the tests.
 
-SWE-bench grading plugs in here: a ``swebench`` evaluator builds this config from an instance
-(``command`` from the repo's test spec, ``expected`` from FAIL_TO_PASS and PASS_TO_PASS, all
-``PASSED``; ``protected`` from the test patch's files), runs with ``refresh_runtime`` on the
-instance image, and swaps :func:`parse_pytest_outcomes` for the repo's log parser by overriding
-:meth:`TestOnOutput.parse`.
+SWE-bench instances are graded by :mod:`polar.evaluators.swe_tests` instead, with the
+``swebench`` package's log parsers and its FAIL_TO_PASS / PASS_TO_PASS rules.
 """
 
 from __future__ import annotations
