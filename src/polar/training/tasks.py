@@ -100,8 +100,17 @@ def arithmetic(
     return tasks
 
 
+def swe(split: Split, step: int, count: int, seed: int = 0, **options: Any) -> list[TaskRequest]:
+    """SWE-bench-format tasks graded by their tests: the bundled set, or ``instances`` (a file,
+    directory or cached Hub dataset); see :func:`polar.swe.task_source.swe_task_source`."""
+    from polar.swe.task_source import swe_task_source
+
+    return swe_task_source(split, step, count, seed, **options)
+
+
 task_sources: Registry[list[TaskRequest]] = Registry("task source")
 task_sources.add("arithmetic", arithmetic)
+task_sources.add("swe", swe)
 
 
 def task_source(name: str) -> TaskSource:
