@@ -1,0 +1,1 @@
+"""Offline SFT data generation: run a model over SWE-style instances, keep what passes."""
