@@ -1,0 +1,228 @@
+"""``polar generate``: SFT data from the attempts a model's tests accept (see docs/generate.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polar.errors import ConfigError, HarnessError, RuntimeStartError
+from polar.extras import installed, require
+from polar.generation.options import GenerateOptions, default_out
+from polar.generation.run import run_generate
+from polar.generation.summary import print_summary
+from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
+
+_DEFAULT_ATTEMPTS = 1
+_DEFAULT_CONCURRENCY = 4
+_DEFAULT_TIMEOUT_S = 1800.0
+_DEFAULT_MAX_TURNS = 50
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "generate",
+        help="generate SFT data: run a model over SWE-style instances, keep what their tests pass",
+        description=(
+            "Run a harness against a model over SWE-bench-format instances (or the bundled "
+            "set), each --attempts times, grade every attempt with the instance's tests "
+            "(swe_tests), and write the accepted trajectories as an SFT dataset (chat messages "
+            "with tool calls, and token ids with loss masks) plus a per-repository acceptance "
+            "table. Rerunning the same command resumes: finished attempts are skipped. "
+            "See docs/generate.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "instances", nargs="?", default=None, metavar="INSTANCES",
+        help="instance file (.jsonl, .json, .parquet), a datasets directory, or a Hub dataset "
+        "name in the local cache",
+    )  # fmt: skip
+    source = p.add_argument_group("instances")
+    source.add_argument(
+        "--bundled", action="store_true",
+        help="the bundled tiny Python repositories with real bugs (runs on a laptop)",
+    )  # fmt: skip
+    source.add_argument("--split", default=None, help="dataset split (e.g. test)")
+    source.add_argument(
+        "--instances", dest="only", default=None, metavar="ID,...",
+        help="only these instance ids",
+    )  # fmt: skip
+    source.add_argument(
+        "--limit", type=_positive_int, default=None, metavar="N", help="only the first N instances"
+    )  # fmt: skip
+    source.add_argument(
+        "--repo", action="append", type=_pair, default=[], metavar="OWNER/NAME=PATH",
+        help="a local git repository or bundle for a repo (local and bubblewrap runtimes; "
+        "repeatable)",
+    )  # fmt: skip
+
+    size = p.add_argument_group("attempts")
+    size.add_argument(
+        "--attempts", type=_positive_int, default=_DEFAULT_ATTEMPTS, metavar="N",
+        help="attempts per instance (raise it later to run only the new ones)",
+    )  # fmt: skip
+    size.add_argument(
+        "--concurrency", type=_positive_int, default=_DEFAULT_CONCURRENCY, metavar="C",
+        help="sessions at once (run slots)",
+    )  # fmt: skip
+    size.add_argument(
+        "--timeout", type=_positive_float, default=_DEFAULT_TIMEOUT_S, metavar="S",
+        help="each session's budget in seconds",
+    )  # fmt: skip
+    size.add_argument(
+        "--test-timeout", type=_positive_float, default=None, metavar="S",
+        help="one run of an instance's tests, in seconds (default: 900)",
+    )  # fmt: skip
+    size.add_argument(
+        "--retries", type=int, default=None, metavar="N",
+        help="reruns of a failing test run (flaky tests; default: 0)",
+    )  # fmt: skip
+    size.add_argument(
+        "--max-turns", type=_positive_int, default=_DEFAULT_MAX_TURNS, metavar="N",
+        help="model turns per session, for harnesses that have a limit",
+    )  # fmt: skip
+    size.add_argument(
+        "--max-tokens", type=_positive_int, default=None, metavar="N",
+        help="output tokens per model call (default: 512 with the embedded engine, else no cap)",
+    )  # fmt: skip
+    size.add_argument("--temperature", type=float, default=0.7, metavar="T")
+    size.add_argument(
+        "--retry-errors", action="store_true",
+        help="run again the attempts that ended in ERROR (a runtime, harness or evaluator "
+        "failure rather than the model's)",
+    )  # fmt: skip
+
+    agent = p.add_argument_group("harness and sandbox")
+    agent.add_argument(
+        "--harness", default=DEFAULT_HARNESS, metavar="NAME",
+        help=f"a preset (pi, opencode, codex, qwen_code, gemini_cli, claude_code) or {AGENT!r}, "
+        "the bundled Python agent; installed if missing",
+    )  # fmt: skip
+    agent.add_argument(
+        "--compact-prompt", action="store_true",
+        help="Pi with a one-line system prompt and two tools (for a small model)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--runtime", default=None, choices=("bubblewrap", "local", "docker", "apptainer"),
+        help="default: bubblewrap when it can sandbox here, else local",
+    )  # fmt: skip
+    agent.add_argument(
+        "--image-registry", default=None, metavar="HOST",
+        help="docker/apptainer: the registry the instance images come from",
+    )  # fmt: skip
+    agent.add_argument(
+        "--image-namespace", default=None, metavar="NS",
+        help="docker/apptainer: the images' namespace (default: swebench)",
+    )  # fmt: skip
+    agent.add_argument(
+        "--keep-workspaces", action="store_true",
+        help="keep each attempt's repository copies (by default deleted once it is recorded)",
+    )  # fmt: skip
+
+    engine = p.add_argument_group("engine")
+    engine.add_argument(
+        "--engine-url", default=None, metavar="URL",
+        help="a vLLM or SGLang server (default: the embedded engine serving --model)",
+    )  # fmt: skip
+    engine.add_argument("--engine-kind", default="vllm", choices=("vllm", "sglang"))
+    engine.add_argument(
+        "--served-model", default=None, metavar="NAME",
+        help="the model to ask the --engine-url server for (default: the first it lists)",
+    )  # fmt: skip
+    engine.add_argument(
+        "--tokenizer", default=None, metavar="DIR",
+        help="the served model's tokenizer (with --engine-url)",
+    )  # fmt: skip
+    engine.add_argument(
+        "--model", default="smollm2", metavar="SRC",
+        help="embedded model: smollm2, tiny, an HF dir or a .gguf",
+    )  # fmt: skip
+    engine.add_argument(
+        "--threads", type=_positive_int, default=None, metavar="N",
+        help="CPU threads of the embedded engine",
+    )  # fmt: skip
+
+    p.add_argument(
+        "--out", type=Path, default=None, metavar="DIR",
+        help="output directory (default: polar-runs/generate-<instances name>); rerun to resume",
+    )  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if bool(args.instances) == bool(args.bundled):
+        raise ConfigError("polar generate takes an instance file or --bundled (one of them)")
+    if not args.engine_url:
+        require("embedded", "polar generate without --engine-url")
+    task_options: dict[str, Any] = {}
+    if args.repo:
+        task_options["repos"] = dict(args.repo)
+    for key, value in (
+        ("test_timeout_s", args.test_timeout),
+        ("retries", args.retries),
+        ("image_registry", args.image_registry),
+        ("image_namespace", args.image_namespace),
+    ):
+        if value is not None:
+            task_options[key] = value
+    options = GenerateOptions(
+        out=args.out or default_out(args.instances, args.bundled),
+        instances=args.instances,
+        bundled=args.bundled,
+        split=args.split,
+        only=tuple(i.strip() for i in (args.only or "").split(",") if i.strip()),
+        limit=args.limit,
+        attempts=args.attempts,
+        concurrency=args.concurrency,
+        retry_errors=args.retry_errors,
+        keep_workspaces=args.keep_workspaces,
+        harness=args.harness,
+        runtime=args.runtime,
+        compact_prompt=args.compact_prompt,
+        timeout_s=args.timeout,
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        model=args.model,
+        engine_url=args.engine_url,
+        engine_kind=args.engine_kind,
+        served_model=args.served_model,
+        tokenizer=args.tokenizer,
+        threads=args.threads,
+        task_options=task_options,
+    )
+    console = Console(width=max(Console().width, 100))
+    if not installed("parquet"):
+        note = "note: no dataset.parquet without pyarrow: pip install 'polar[parquet]'"
+        console.print(note, style="dim", markup=False)
+    try:
+        outcome = run_generate(options, console)
+    except (HarnessError, RuntimeStartError) as exc:
+        console.print(f"polar: error: {exc}", markup=False)
+        return 1
+    print_summary(outcome, console)
+    return 130 if outcome.interrupted else 0
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--repo takes OWNER/NAME=PATH, got {text!r}")
+    return name, path
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
