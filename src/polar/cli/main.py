@@ -11,16 +11,29 @@ from polar import __version__
 from polar.cli import (
     capture,
     demo,
+    generate,
     harness,
     quickstart,
     rollout,
     serve_engine,
     serve_gateway,
+    swe,
     train,
 )
 from polar.errors import PolarError
 
-COMMANDS = (quickstart, demo, serve_gateway, serve_engine, rollout, harness, train, capture)
+COMMANDS = (
+    quickstart,
+    demo,
+    generate,
+    serve_gateway,
+    serve_engine,
+    rollout,
+    harness,
+    train,
+    swe,
+    capture,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
