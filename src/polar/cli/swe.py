@@ -137,10 +137,13 @@ def _options(args: argparse.Namespace) -> SWETaskOptions:
 def list_instances(args: argparse.Namespace) -> int:
     instances = _instances(args)
     table = Table(title=f"{len(instances)} instance(s)")
-    for column in ("instance", "repo", "FAIL_TO_PASS", "PASS_TO_PASS", "base commit"):
-        table.add_column(column, justify="right" if "PASS" in column else "left")
+    table.add_column("instance", overflow="fold")
+    table.add_column("repo", overflow="fold")
+    table.add_column("F2P", justify="right")  # FAIL_TO_PASS tests
+    table.add_column("P2P", justify="right")  # PASS_TO_PASS tests
+    table.add_column("base")
     for i in instances:
-        commit = (i.base_commit or "-")[:12]
+        commit = (i.base_commit or "-")[:8]
         table.add_row(
             i.instance_id, i.repo, str(len(i.FAIL_TO_PASS)), str(len(i.PASS_TO_PASS)), commit
         )
