@@ -35,10 +35,12 @@ import asyncio
 import glob
 import importlib
 import json
+import os
 import pkgutil
 import posixpath
 import re
 import shlex
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -95,6 +97,7 @@ MODEL_PATCH_LIMIT = 64 * 1024
 OUTPUT_TAIL = 8000
 GIT_TIMEOUT_S = 120.0
 GITIGNORED_SHOWN = 100
+LOG_LIMIT = 64 * 1024 * 1024
 FAIL_TO_PASS = "FAIL_TO_PASS"
 PASS_TO_PASS = "PASS_TO_PASS"
 FULL, PARTIAL, NO = "RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"
@@ -237,6 +240,35 @@ def unusable_log(log: str, status_map: dict[str, str], result: ExecResult) -> st
             "test: the log does not describe the run"
         )
     return None
+
+
+def read_log(path: Path, limit: int = LOG_LIMIT) -> str | None:
+    """A test log the command wrote, never through a link (code under test could plant one
+    to a host file); head and tail halves past ``limit`` bytes; None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not block
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as log:
+        info = os.fstat(log.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        size = info.st_size
+        if size <= limit:
+            data = log.read()
+        else:
+            head = log.read(limit // 2)
+            log.seek(size - limit // 2)
+            data = head + f"\n[... {size - limit} bytes elided ...]\n".encode() + log.read()
+    return data.decode("utf-8", "replace")
+
+
+def _read_inside(runtime: Runtime, path: str) -> str | None:
+    try:
+        host = runtime.host_path(path)
+    except ValueError:  # a link out of the runtime's home
+        return None
+    return read_log(host)
 
 
 @dataclass
@@ -432,11 +464,15 @@ class SWETests(Evaluator):
             log_parser=self.log_parser,
             eval_type=self.eval_type,
         )
-        # One stream, in the order things were printed: pytest's summary comes last.
-        command = "{\n" + self.test_cmd + "\n} 2>&1"
-        for _ in range(cfg.retries + 1):
+        for attempt in range(cfg.retries + 1):
+            # One stream, in the order things were printed (pytest's summary comes last), into
+            # a file in HOME, which every runtime maps: an exec's output is capped (head and
+            # tail), and a long log's middle holds test results too.
+            log_inside = posixpath.join(runtime.home, f".swe_tests-run{attempt}.log")
+            command = "{\n" + self.test_cmd + "\n} > " + shlex.quote(log_inside) + " 2>&1"
             result = await runtime.exec(command, env=self.spec.env or None, timeout_s=cfg.timeout_s)
-            log = result.stdout + result.stderr
+            written = await asyncio.to_thread(_read_inside, runtime, log_inside)
+            log = (written or "") + result.stdout + result.stderr
             reason: str | None
             try:
                 status_map = self.parser(log, spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from polar.evaluators.swe_tests import (
     default_test_cmd,
     graded_files,
     patch_files,
+    read_log,
     repo_parser,
 )
 from polar.runtimes.base import Runtime
@@ -84,11 +86,13 @@ def make_repo(root: Path) -> tuple[str, str]:
 class Task:
     """A SWE-style task: the repo seeded into an agent runtime, fresh ones for grading."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, kind: str = "local") -> None:
         self.tmp_path = tmp_path
         self.repo = tmp_path / "repo"
         self.commit, self.test_patch = make_repo(self.repo)
-        self.spec = RuntimeSpec(kind="local", prepare=[f"cp -a {self.repo}/. ."])
+        self.spec = RuntimeSpec(
+            kind=kind, source={"kind": "git", "repo": str(self.repo), "commit": self.commit}
+        )
         self.runtime = create_runtime(self.spec, tmp_path / "session", GATEWAY)
         self.fresh_dirs = itertools.count()
         self.fresh_started: list[Runtime] = []
@@ -144,7 +148,8 @@ class Task:
 
 
 @pytest.fixture
-async def task(tmp_path: Path):
+async def task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("POLAR_CHECKOUT_CACHE", str(tmp_path / "checkouts"))
     fixture = Task(tmp_path)
     await fixture.runtime.start()
     yield fixture
@@ -354,6 +359,49 @@ async def test_retries_let_a_flaky_test_pass(task: Task):
     assert retried.passed is True and retried.details["resolution"] == "RESOLVED_FULL"
     assert retried.details["flaky"] == [flaky]
     assert [run["failing"] for run in retried.details["runs"]] == [[flaky], []]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
+async def test_grading_in_a_bubblewrap_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("POLAR_CHECKOUT_CACHE", str(tmp_path / "checkouts"))
+    sandboxed = Task(tmp_path, kind="bubblewrap")
+    await sandboxed.runtime.start()
+    try:
+        sandboxed.write("calc.py", GOLD)
+        sandboxed.write("tests/test_calc.py", "")
+        result = await sandboxed.grade()
+    finally:
+        await sandboxed.runtime.stop()
+    assert result.passed is True and result.details["test_patch_applied"] is True
+    assert result.details["protected_changes_discarded"] == ["tests/test_calc.py"]
+    assert "-    return a - b\n+    return a + b\n" in result.details["model_patch"]
+
+
+async def test_the_log_is_read_whole_past_the_exec_output_cap(task: Task):
+    task.spec = task.spec.model_copy(update={"options": {"output_limit_bytes": 4096}})
+    noise = 'for i in $(seq 3000); do echo "noise line $i"; done'
+    verdict = "echo 'test_add (calc.tests.AddTests) ... ok'"
+    task.write("calc.py", GOLD)
+    result = await task.grade(
+        **{**DJANGO, "test_cmd": f"{noise}; {verdict}; {noise}", "PASS_TO_PASS": []},
+        log_parser="parse_log_django",
+    )
+    assert result.passed is True, result.details["reason"]
+    assert "elided" not in result.details["test_output_tail"]
+
+
+def test_read_log_never_follows_links_or_blocks(tmp_path: Path):
+    secret = tmp_path / "secret"
+    secret.write_text("host data")
+    (tmp_path / "link.log").symlink_to(secret)
+    os.mkfifo(tmp_path / "fifo.log")
+    assert read_log(tmp_path / "link.log") is None
+    assert read_log(tmp_path / "fifo.log") is None
+    assert read_log(tmp_path / "missing.log") is None
+    (tmp_path / "big.log").write_text("head\n" + "x" * 100 + "\ntail")
+    cut = read_log(tmp_path / "big.log", limit=20)
+    assert cut is not None and cut.startswith("head\n") and cut.endswith("\ntail")
+    assert "bytes elided" in cut
 
 
 # -- parsers ---------------------------------------------------------------------------------
