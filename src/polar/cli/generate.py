@@ -194,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         task_options=task_options,
     )
-    console = Console(width=max(Console().width, 100))
+    # Wide enough for the acceptance table's eleven columns and a repository name.
+    console = Console(width=max(Console().width, 130))
     if not installed("parquet"):
         note = "note: no dataset.parquet without pyarrow: pip install 'polar[parquet]'"
         console.print(note, style="dim", markup=False)

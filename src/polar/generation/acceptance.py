@@ -157,19 +157,24 @@ def markdown(report: AcceptanceReport) -> str:
     lines.append("| " + " | ".join(f"**{c}**" for c in cells(TOTAL, report.total)) + " |")
     if report.facts:
         lines.append("")
-        lines.extend(f"- {key}: {value}" for key, value in report.facts.items())
+        lines.extend(f"- {key}: {_fact(value)}" for key, value in report.facts.items())
     return "\n".join(lines) + "\n"
 
 
 def acceptance_table(report: AcceptanceReport, title: str = "Acceptance") -> Table:
     table = Table(title=title, box=box.SIMPLE_HEAVY)
-    for index, column in enumerate(COLUMNS):
-        table.add_column(column, justify="left" if index == 0 else "right")
+    table.add_column(COLUMNS[0], no_wrap=True)
+    for column in COLUMNS[1:]:
+        table.add_column(column, justify="right")
     for repo, t in report.repos.items():
         table.add_row(*cells(repo, t))
     table.add_section()
     table.add_row(*cells(TOTAL, report.total), style="bold")
     return table
+
+
+def _fact(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _duration(seconds: float) -> str:
