@@ -13,6 +13,7 @@ and resumption that runs only what is missing.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from polar.generation.attempts import LEDGER, read_ledger
 from polar.generation.collect import Collector
 from polar.generation.options import GenerateOptions
 from polar.generation.run import GenerateRun, run_generate
+from polar.harnesses.install import default_prefix, installed_names
 from polar.quickstart.plan import AGENT, EngineHandle
 from polar.schemas.task import SessionStatus
 
@@ -55,35 +57,43 @@ def rewrite(path: str, old: str, new: str) -> str:
     return f"python3 - <<'EOF'\n{program}EOF\npython3 -m pytest -q 2>&1 | tail -3"
 
 
-def shell(command: str) -> ScriptedReply:
-    return ScriptedReply(tool_calls=[("shell", {"command": command})])
+def script_rules(tool: str = "shell") -> dict[str, list[ScriptedReply]]:
+    """One script per bundled instance, keyed by a phrase of its issue; ``tool`` is the
+    harness's shell tool (the bundled agent's ``shell``, Pi's ``bash``)."""
+
+    def shell(command: str) -> ScriptedReply:
+        return ScriptedReply(tool_calls=[(tool, {"command": command})])
+
+    return {
+        # ledger: fixed by rewriting the buggy lines.
+        "split_evenly() loses cents": [
+            shell("cat ledger/money.py"),
+            shell(
+                rewrite(
+                    "ledger/money.py",
+                    "    share = total_cents // parts\n    return [share] * parts\n",
+                    "    share, extra = divmod(total_cents, parts)\n"
+                    "    return [share + 1 if i < extra else share for i in range(parts)]\n",
+                )
+            ),
+            ScriptedReply(content="Fixed split_evenly: the extra cents go to the first shares."),
+        ],
+        # shopcart: fixed with one edit.
+        "Bulk discount is not applied at exactly 10 items": [
+            shell(
+                rewrite("shopcart/cart.py", "quantity > BULK_QUANTITY", "quantity >= BULK_QUANTITY")
+            ),
+            ScriptedReply(content="The bulk discount now applies at 10 items."),
+        ],
+        # textkit: the agent looks around and gives up; not resolved.
+        "truncate() returns strings longer": [
+            shell("ls -R textkit && grep -n suffix textkit/strings.py"),
+            ScriptedReply(content="I could not find the problem."),
+        ],
+    }
 
 
-SCRIPT_RULES = {
-    # ledger: fixed by rewriting the buggy lines.
-    "split_evenly() loses cents": [
-        shell("cat ledger/money.py"),
-        shell(
-            rewrite(
-                "ledger/money.py",
-                "    share = total_cents // parts\n    return [share] * parts\n",
-                "    share, extra = divmod(total_cents, parts)\n"
-                "    return [share + 1 if i < extra else share for i in range(parts)]\n",
-            )
-        ),
-        ScriptedReply(content="Fixed split_evenly: the extra cents go to the first shares."),
-    ],
-    # shopcart: fixed with one edit.
-    "Bulk discount is not applied at exactly 10 items": [
-        shell(rewrite("shopcart/cart.py", "quantity > BULK_QUANTITY", "quantity >= BULK_QUANTITY")),
-        ScriptedReply(content="The bulk discount now applies at 10 items."),
-    ],
-    # textkit: the agent looks around and gives up; not resolved.
-    "truncate() returns strings longer": [
-        shell("ls -R textkit && grep -n suffix textkit/strings.py"),
-        ScriptedReply(content="I could not find the problem."),
-    ],
-}
+SCRIPT_RULES = script_rules()
 
 
 def scripted_engine(rules: dict[str, list[ScriptedReply]]) -> EngineHandle:
@@ -280,3 +290,26 @@ def test_an_interrupted_run_keeps_what_finished_and_a_rerun_completes_it(
         (TEXTKIT_REPO, 0, SessionStatus.COMPLETED, False)
     ]
     assert len(read_ledger(out / LEDGER)) == 3
+
+
+@pytest.mark.skipif(
+    "pi" not in installed_names(default_prefix()) or shutil.which("bwrap") is None,
+    reason="Pi is not installed (polar harness install pi) or bubblewrap is missing",
+)
+def test_pi_generates_the_same_dataset(tmp_path: Path) -> None:
+    """The same run through Pi, a real coding-agent CLI, in bubblewrap: its bash tool makes
+    the fixes, and only the two fixed instances are accepted."""
+    run = generate(tmp_path / "out", script_rules("bash"), harness="pi", attempts=1)
+    records = read_ledger(run.ledger)
+    assert {r.repo: r.accepted for r in records.values()} == {
+        LEDGER_REPO: True,
+        SHOPCART_REPO: True,
+        TEXTKIT_REPO: False,
+    }, [r.error for r in records.values()]
+    rows = lines(run.dataset.jsonl)
+    assert {r["repo"] for r in rows} == {LEDGER_REPO, SHOPCART_REPO}
+    for row in rows:
+        calls = [c for m in row["messages"] for c in m.get("tool_calls") or []]
+        assert calls and {c["function"]["name"] for c in calls} == {"bash"}
+        assert "bash" in {t["function"]["name"] for t in row["tools"]}
+        assert sum(row["assistant_masks"]) > 0
