@@ -192,7 +192,8 @@ class RolloutWork:
     async def _evaluate(self, trajectory: Trajectory) -> EvaluationResult:
         runtime = self.runtime
         assert runtime is not None
-        evaluator = create_evaluator(self.task.evaluator)
+        # Off the loop: building one may import a heavy grader (swebench) the first time.
+        evaluator = await asyncio.to_thread(create_evaluator, self.task.evaluator)
         if self._prewarm is not None:
             await asyncio.wait({self._prewarm})
         ctx = EvaluationContext(
