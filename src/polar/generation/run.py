@@ -207,6 +207,12 @@ def _generate(
     run_dir = ledger.out_dir / RUNS / f"{run:03d}"
     run_dir.mkdir(parents=True, exist_ok=True)
     setup = _set_up(options, console, engine)
+    models = {str(r.get("model")) for r in _runs(ledger.out_dir)}
+    if models and str(setup.engine.served_model) not in models:
+        console.print(
+            f"[yellow]warning:[/] {ledger.out_dir} holds attempts by {', '.join(sorted(models))}; "
+            f"its dataset will mix them with {setup.engine.served_model}'s"
+        )
     try:
         plans, requests = _tasks(options, setup, ledger.out_dir, run, instances, todo)
         console.print(
@@ -417,10 +423,7 @@ def _deadline_s(options: GenerateOptions, plans: list[TaskPlan]) -> float:
 
 def _facts(out: Path, options: GenerateOptions, dataset: DatasetFiles) -> dict[str, Any]:
     """What the report says about the runs behind it (every run into the directory)."""
-    runs = []
-    for path in sorted((out / RUNS).glob(f"*/{RUN_JSON}")):
-        with contextlib.suppress(OSError, ValueError):
-            runs.append(json.loads(path.read_text()))
+    runs = _runs(out)
     return {
         "source": options.source,
         "attempts_per_instance": options.attempts,
@@ -432,3 +435,12 @@ def _facts(out: Path, options: GenerateOptions, dataset: DatasetFiles) -> dict[s
         "dataset_attempts": dataset.attempts,
         "trainable_tokens": dataset.trainable_tokens,
     }
+
+
+def _runs(out: Path) -> list[dict[str, Any]]:
+    """The facts of every finished run into ``out``, in order."""
+    runs = []
+    for path in sorted((out / RUNS).glob(f"*/{RUN_JSON}")):
+        with contextlib.suppress(OSError, ValueError):
+            runs.append(json.loads(path.read_text()))
+    return runs
