@@ -17,80 +17,30 @@ from typing import Any
 
 import pytest
 
-from polar.client import RolloutClient
-from polar.engines.registry import EngineConfig
-from polar.engines.scripted import (
-    ConversationScript,
-    ScriptedBackend,
-    ScriptedEngine,
-    ScriptedReply,
-)
-from polar.schemas.task import SessionResult, TaskRequest
-from polar.stack.local import LocalStack
+from polar.schemas.task import SessionResult
 from polar.swe.bundled import bundle_repos, bundled_instances
-from polar.swe.instances import SWEInstance
 from polar.swe.tasks import SWETaskOptions, instance_task
 
 from .harness_kit import harness_prefix
+from .swe_kit import (
+    FIX_AND_BREAK_SHOPCART,
+    FIX_SHOPCART,
+    FIX_TEXTKIT,
+    GAME_LEDGER_TESTS,
+    MODEL,
+    evaluation,
+    git_apply,
+    run_tasks,
+    scripted_backend,
+    tool_output_seen,
+)
 
 __all__ = ["harness_prefix"]
 
 pytestmark = pytest.mark.slow
 
-LARGE_CONTEXT = 65536
-MODEL = "polar-model"
-DONE = ScriptedReply(content="Finished.")
 
-# textkit's one-line fix, as an edit an agent would make with a shell tool.
-FIX_TEXTKIT = (
-    "python3 - <<'EOF'\n"
-    "import pathlib\n"
-    "p = pathlib.Path('textkit/strings.py')\n"
-    "p.write_text(p.read_text().replace('text[:width] + suffix', "
-    "'text[: width - len(suffix)] + suffix'))\n"
-    "EOF\n"
-    "git diff --stat"
-)
-# shopcart's fix, and then a regression in remove() that a PASS_TO_PASS test catches.
-FIX_AND_BREAK_SHOPCART = (
-    "sed -i 's/if quantity > BULK_QUANTITY:/if quantity >= BULK_QUANTITY:/' shopcart/cart.py && "
-    "sed -i 's/            del self._lines\\[sku\\]/            pass/' shopcart/cart.py && "
-    "git diff --stat"
-)
-FIX_SHOPCART = (
-    "sed -i 's/if quantity > BULK_QUANTITY:/if quantity >= BULK_QUANTITY:/' shopcart/cart.py"
-)
-# No fix; instead the graded tests become trivially true and a conftest forces every test to pass.
-GAME_LEDGER_TESTS = (
-    "python3 - <<'EOF'\n"
-    "import pathlib\n"
-    "pathlib.Path('tests/test_money.py').write_text(\n"
-    "    'def test_split_evenly_adds_up_to_the_total():\\n    assert True\\n'\n"
-    "    'def test_split_evenly_gives_the_extra_cents_to_the_first_shares():\\n    assert True\\n'\n"
-    ")\n"
-    "pathlib.Path('conftest.py').write_text(\n"
-    "    'import pytest\\n'\n"
-    "    '@pytest.hookimpl(hookwrapper=True)\\n'\n"
-    "    'def pytest_runtest_makereport(item, call):\\n'\n"
-    "    '    outcome = yield\\n'\n"
-    "    '    outcome.get_result().outcome = \"passed\"\\n'\n"
-    ")\n"
-    "EOF\n"
-    "echo gamed"
-)
-
-
-def marker(instance: SWEInstance) -> str:
-    """A line of the issue text that only this instance's conversation holds."""
-    lines = [line for line in instance.problem_statement.splitlines() if len(line) > 20]
-    return lines[0]
-
-
-def git_apply(patch: str) -> str:
-    return f"git apply <<'PATCH'\n{patch}PATCH\necho applied"
-
-
-async def run_bundled(
+def run_bundled(
     tmp_path: Path,
     tokenizer: Any,
     prefix: Path,
@@ -98,17 +48,7 @@ async def run_bundled(
     tool: tuple[str, str],
     commands: dict[str, str | None],
 ) -> dict[str, SessionResult]:
-    """Run each bundled instance once with ``harness``; ``commands`` maps an instance id to the
-    shell command its session's single tool call runs (None: the agent only answers)."""
-    instances = {i.instance_id: i for i in bundled_instances()}
-    tool_name, argument = tool
-    rules: dict[str, list[ScriptedReply]] = {}
-    for instance_id, command in commands.items():
-        steps = [ScriptedReply(tool_calls=[(tool_name, {argument: command})])] if command else []
-        rules[marker(instances[instance_id])] = [*steps, DONE]
-    backend = ScriptedBackend(
-        ConversationScript(rules, default=DONE), tokenizer=tokenizer, max_model_len=LARGE_CONTEXT
-    )
+    """Each instance of ``commands`` once, with ``harness`` in bubblewrap."""
     options = SWETaskOptions(
         runtime="bubblewrap",
         repos={repo: str(path) for repo, path in bundle_repos(tmp_path / "repos").items()},
@@ -118,41 +58,15 @@ async def run_bundled(
         timeout_s=240,
         test_timeout_s=120,
     )
-    tasks: list[TaskRequest] = [instance_task(instances[i], options) for i in commands]
-    stack = LocalStack(
-        ScriptedEngine(backend),
-        tmp_path / "run",
-        engine_config=EngineConfig(kind="scripted"),
-        served_model=backend.model_name,
-        context_window=LARGE_CONTEXT,
-        run_workers=3,
-    )
-    with stack, RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
-        finished = client.run(tasks, timeout_s=600)
-    by_task = {t.task_id: t.metadata["instance_id"] for t in tasks}
-    return {by_task[r.task_id]: r for result in finished for r in result.results}
+    instances = {i.instance_id: i for i in bundled_instances()}
+    tasks = [instance_task(instances[i], options) for i in commands]
+    return run_tasks(tmp_path / "run", scripted_backend(tokenizer, tool, commands), tasks)
 
 
-def evaluation(result: SessionResult) -> dict[str, Any]:
-    assert result.status == "COMPLETED", (result.status, result.error)
-    details: dict[str, Any] = result.metadata["evaluation"]
-    return details
-
-
-def tool_output_seen(result: SessionResult, tokenizer: Any, text: str) -> bool:
-    """Whether ``text`` reached the model in the masked (tool output) part of a trace."""
-    assert result.trajectory is not None
-    for trace in result.trajectory.traces:
-        masked = [t for t, m in zip(trace.response_ids, trace.loss_mask, strict=True) if not m]
-        if text in tokenizer.decode(masked):
-            return True
-    return False
-
-
-async def test_pi_resolves_regresses_and_cannot_game_the_tests(
+def test_pi_resolves_regresses_and_cannot_game_the_tests(
     tmp_path: Path, tokenizer: Any, harness_prefix: Path
 ) -> None:
-    results = await run_bundled(
+    results = run_bundled(
         tmp_path,
         tokenizer,
         harness_prefix,
@@ -186,11 +100,11 @@ async def test_pi_resolves_regresses_and_cannot_game_the_tests(
     assert tool_output_seen(results["polar-bundled__ledger-1"], tokenizer, "gamed")
 
 
-async def test_codex_resolves_with_git_apply_and_doing_nothing_resolves_nothing(
+def test_codex_resolves_with_git_apply_and_doing_nothing_resolves_nothing(
     tmp_path: Path, tokenizer: Any, harness_prefix: Path
 ) -> None:
     ledger = next(i for i in bundled_instances() if i.instance_id == "polar-bundled__ledger-1")
-    results = await run_bundled(
+    results = run_bundled(
         tmp_path,
         tokenizer,
         harness_prefix,
