@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     )
     # Wide enough for the acceptance table's eleven columns and a repository name.
     console = Console(width=max(Console().width, 130))
+    if not args.engine_url and installed("render"):
+        _quiet_model_loading()
     if not installed("parquet"):
         note = "note: no dataset.parquet without pyarrow: pip install 'polar[parquet]'"
         console.print(note, style="dim", markup=False)
@@ -227,3 +229,10 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _quiet_model_loading() -> None:
+    """The live view says what is happening; transformers' own progress bars would garble it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
