@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.errors import ConfigError
+from polar.harnesses.install import default_prefix
+from polar.harnesses.registry import CLI_PRESETS
 from polar.schemas.ids import MAX_ID_LENGTH
 from polar.schemas.task import (
     AgentSpec,
@@ -85,7 +87,10 @@ class SWETaskOptions(BaseModel):
     )
     test_cmd: str | None = Field(None, description="Overrides every instance's test command.")
     prepare: list[str] = Field(default_factory=list, description="Shell commands run at INIT.")
-    ro_binds: list[str] = Field(default_factory=list, description="bubblewrap: read-only binds.")
+    ro_binds: list[str] = Field(
+        default_factory=list,
+        description="bubblewrap: read-only binds (default: the harness install, for a CLI preset).",
+    )
     cpus: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0)
     instruction: str = Field(
@@ -185,9 +190,16 @@ def _runtime(instance: SWEInstance, options: SWETaskOptions) -> RuntimeSpec:
         spec["source"] = WorkspaceSource(
             kind="git", repo=_repo_path(instance, options), commit=instance.base_commit
         )
-        if options.runtime == "bubblewrap" and options.ro_binds:
-            spec["options"] = {"ro_binds": options.ro_binds}
+        binds = options.ro_binds or _harness_binds(options)
+        if options.runtime == "bubblewrap" and binds:
+            spec["options"] = {"ro_binds": binds}
     return RuntimeSpec.model_validate(spec)
+
+
+def _harness_binds(options: SWETaskOptions) -> list[str]:
+    """A CLI preset runs from Polar's harness install, which a bubblewrap sandbox only sees
+    when it is bound in: bind it unless the options say what to bind."""
+    return [str(default_prefix())] if options.harness in CLI_PRESETS else []
 
 
 def _image(instance: SWEInstance, options: SWETaskOptions) -> str:

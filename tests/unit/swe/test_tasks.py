@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from polar.errors import ConfigError
+from polar.harnesses.install import default_prefix
 from polar.schemas.ids import ID_PATTERN
 from polar.schemas.task import TaskRequest
 from polar.swe.images import image_name
@@ -192,3 +193,16 @@ def test_sanitized_ids_keep_distinct_instances_distinct() -> None:
     assert swe_task_id("a.b").startswith("a-b-")
     assert len(swe_task_id("x" * 200)) == 128
     assert swe_task_id("x" * 200) != swe_task_id("x" * 199)
+
+
+def test_a_cli_harness_in_bubblewrap_gets_the_harness_install_bound_in(tmp_path: Path) -> None:
+    instance = SWEInstance.model_validate(VERIFIED)
+    repos = {instance.repo: str(tmp_path / "repo.bundle")}
+    pi = instance_task(instance, SWETaskOptions(runtime="bubblewrap", repos=repos))
+    assert pi.runtime.options == {"ro_binds": [str(default_prefix())]}
+    own = SWETaskOptions(runtime="bubblewrap", repos=repos, ro_binds=["/opt/node"])
+    assert instance_task(instance, own).runtime.options == {"ro_binds": ["/opt/node"]}
+    shell = SWETaskOptions(runtime="bubblewrap", repos=repos, harness="shell")
+    assert instance_task(instance, shell).runtime.options == {}
+    local = SWETaskOptions(runtime="local", repos=repos)
+    assert instance_task(instance, local).runtime.options == {}
