@@ -358,9 +358,9 @@ def _roll_out(
         # Each evaluation runs the instance's tests in a fresh runtime: one per run slot keeps
         # the graders from falling behind the agents.
         postrun_workers=options.concurrency,
-        # A session's runtime starts (and its budget with it) when a run slot is free, so a
-        # queue of thousands of attempts holds no prepared workspaces and none times out waiting.
-        ready_buffer=0,
+        # One prepared workspace per run slot: checkouts and image copies (INIT) happen while
+        # other attempts run, off the run path; a session's budget pauses while it waits READY.
+        ready_buffer=options.concurrency,
     )
     interrupted = False
     try:
