@@ -138,7 +138,9 @@ def test_unknown_key_raises_authentication_error(live_gateway):
         )
 
 
-@pytest.mark.conformance(feature="matched stop sequence reported", api="anthropic", status="supported")
+@pytest.mark.conformance(
+    feature="matched stop sequence reported", api="anthropic", status="supported"
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_matched_stop_sequence_is_reported_as_the_api_does(live_gateway, stream):
     session = live_gateway.new_session()

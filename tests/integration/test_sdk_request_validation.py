@@ -97,7 +97,9 @@ def test_gemini_refuses_empty_contents(live_gateway):
     assert live_gateway.records(session.key) == []
 
 
-@pytest.mark.conformance(feature="presence / frequency penalty", api="openai_chat", status="supported")
+@pytest.mark.conformance(
+    feature="presence / frequency penalty", api="openai_chat", status="supported"
+)
 def test_chat_penalties_reach_the_engine(live_gateway):
     session = live_gateway.new_session()
     live_gateway.script(ScriptedReply(content="ok"))

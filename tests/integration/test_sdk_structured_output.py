@@ -263,9 +263,7 @@ def test_google_response_json_schema_reaches_the_engine(noncanonical_gateway):
     assert _sent_schema(gateway) == SCHEMA
 
 
-@pytest.mark.conformance(
-    feature="structured_output: other formats", api="google", status="refused"
-)
+@pytest.mark.conformance(feature="structured_output: other formats", api="google", status="refused")
 def test_google_enum_output_is_refused(live_gateway):
     session = live_gateway.new_session()
     config = types.GenerateContentConfig(

@@ -59,4 +59,6 @@ class Evaluator(ABC):
 
 def parse_config(model: type[ConfigT], spec: EvaluatorSpec) -> ConfigT:
     """``spec.config`` validated against ``model``, or a ConfigError naming the bad keys."""
-    return config_loader.parse_config(model, spec.config, what=f"config of evaluator {spec.strategy!r}")
+    return config_loader.parse_config(
+        model, spec.config, what=f"config of evaluator {spec.strategy!r}"
+    )

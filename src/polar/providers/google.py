@@ -538,9 +538,7 @@ def _logprobs_asked(gen: dict[str, Any], capture: CaptureTags) -> bool:
 
 
 def _logprobs_result(completion: Completion) -> dict[str, Any]:
-    chosen = [
-        {"token": t.token, "logProbability": t.logprob} for t in completion.logprobs or ()
-    ]
+    chosen = [{"token": t.token, "logProbability": t.logprob} for t in completion.logprobs or ()]
     return {"chosenCandidates": chosen, "topCandidates": []}
 
 

@@ -485,7 +485,6 @@ def callback_host_allowed(url: str, hosts: list[str]) -> bool:
     }
 
 
-
 def _failed(row: SessionRow, node_id: str, error: str) -> SessionResult:
     return SessionResult(
         session_id=row.session_id,

@@ -118,7 +118,12 @@ class RolloutStore:
             self._db.execute("DELETE FROM sessions WHERE task_id = ?", (request.task_id,))
             self._db.execute(
                 "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, NULL)",
-                (request.task_id, request.model_dump_json().encode(), TaskStatus.RUNNING.value, now),
+                (
+                    request.task_id,
+                    request.model_dump_json().encode(),
+                    TaskStatus.RUNNING.value,
+                    now,
+                ),
             )
             self._db.executemany(
                 "INSERT INTO sessions (session_id, task_id, sample_index, status, created_at,"
@@ -270,7 +275,9 @@ class RolloutStore:
             if row[0] in _FINAL:
                 return Finished(new=False, task_completed=False, callback_url=None)
             request = TaskRequest.model_validate_json(row[1])
-            callback = CallbackState.PENDING.value if request.callback_url else CallbackState.NONE.value
+            callback = (
+                CallbackState.PENDING.value if request.callback_url else CallbackState.NONE.value
+            )
             payload = result.model_dump_json().encode()
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(

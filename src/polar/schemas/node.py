@@ -54,9 +54,7 @@ class NodeStatus(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node_id: NodeId
-    url: str = Field(
-        pattern=NODE_URL, description="Where the rollout server dispatches sessions."
-    )
+    url: str = Field(pattern=NODE_URL, description="Where the rollout server dispatches sessions.")
     draining: bool = False
     paused: bool = False
     policy_version: int = 0

@@ -21,7 +21,11 @@ PROVIDER = OpenAIResponsesProvider()
 CTX = RequestContext(path="/v1/responses")
 
 scalars = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
 )
 json_values = st.recursive(
     scalars,

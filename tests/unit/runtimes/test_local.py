@@ -201,4 +201,3 @@ async def test_limits_pin_cpus_and_cap_address_space(tmp_path: Path):
         assert hog.exit_code != 0 and "MemoryError" in hog.stderr
     finally:
         await rt.stop()
-
