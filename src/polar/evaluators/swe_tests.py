@@ -33,17 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import importlib
 import json
 import os
-import pkgutil
 import posixpath
-import re
 import shlex
 import stat
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -52,6 +47,20 @@ from polar.errors import ConfigError
 from polar.evaluators.base import EvaluationContext, EvaluationResult, Evaluator, parse_config
 from polar.evaluators.patch_text import unified_patch
 from polar.evaluators.pytest_config import changes_pytest_config
+from polar.evaluators.swebench_rules import (
+    FAIL_TO_PASS,
+    FULL,
+    NO,
+    PASS_TO_PASS,
+    Grading,
+    default_eval_type,
+    repo_parser,
+    unusable_log,
+)
+from polar.evaluators.swebench_rules import (
+    parsers as swebench_parsers,
+)
+from polar.evaluators.test_patch import default_test_cmd, graded_files, patch_files
 from polar.evaluators.workspace_diff import (
     DEFAULT_IGNORE,
     WorkspaceDiff,
@@ -59,8 +68,7 @@ from polar.evaluators.workspace_diff import (
     diff_trees,
     matches,
 )
-from polar.extras import require
-from polar.runtimes.base import ExecResult, Runtime, tail_text
+from polar.runtimes.base import Runtime, tail_text
 from polar.schemas.task import EvaluatorSpec
 
 DEFAULT_PROTECTED = (
@@ -92,17 +100,11 @@ DEFAULT_PROTECTED = (
 ``*/test`` and ``*/testing`` are left out on purpose: ``django/test`` and ``numpy/testing``
 are library code a fix may need to change."""
 
-DEFAULT_TEST_CMD = "python3 -m pytest -rA --tb=short -p no:cacheprovider"
 MODEL_PATCH_LIMIT = 64 * 1024
 OUTPUT_TAIL = 8000
 GIT_TIMEOUT_S = 120.0
 GITIGNORED_SHOWN = 100
 LOG_LIMIT = 64 * 1024 * 1024
-FAIL_TO_PASS = "FAIL_TO_PASS"
-PASS_TO_PASS = "PASS_TO_PASS"
-FULL, PARTIAL, NO = "RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"
-_PASSING = ("PASSED", "XFAIL")
-_FAILING = ("FAILED", "ERROR")
 
 
 class SWETestsConfig(BaseModel):
@@ -144,104 +146,6 @@ class SWETestsConfig(BaseModel):
         return value
 
 
-# -- the test patch --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PatchFiles:
-    touched: list[str]
-    """Every path the patch reads or writes (both names of a rename)."""
-    kept: list[str]
-    """The paths that exist once it is applied."""
-
-
-_DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
-
-
-def patch_files(patch: str) -> PatchFiles:
-    """The files a unified diff touches, read with ``unidiff`` (a swebench dependency)."""
-    from unidiff import PatchSet
-    from unidiff.errors import UnidiffParseError
-
-    touched: dict[str, None] = {}
-    kept: dict[str, None] = {}
-    try:
-        files = [(f.source_file, f.target_file, f.is_removed_file) for f in PatchSet(patch)]
-    except UnidiffParseError:
-        files = [(f"a/{a}", f"b/{b}", False) for a, b in _DIFF_GIT.findall(patch)]
-    for source, target, removed in files:
-        for name, prefix in ((source, "a/"), (target, "b/")):
-            if name != "/dev/null":
-                touched[name.removeprefix(prefix)] = None
-        if not removed and target != "/dev/null":
-            kept[target.removeprefix("b/")] = None
-    return PatchFiles(touched=list(touched), kept=list(kept))
-
-
-def looks_like_test(path: str) -> bool:
-    name = PurePosixPath(path).name
-    return name.endswith(".py") and (
-        name.startswith("test") or name.endswith("_test.py") or name == "tests.py"
-    )
-
-
-def default_test_cmd(test_patch: str) -> str:
-    """pytest over the test files the patch leaves behind, or the whole suite without any."""
-    files = [p for p in patch_files(test_patch).kept if looks_like_test(p)] if test_patch else []
-    return " ".join([DEFAULT_TEST_CMD, *(shlex.quote(p) for p in files)])
-
-
-def graded_files(tests: list[str]) -> list[str]:
-    """The files pytest ids name (``tests/test_x.py::test_a`` -> ``tests/test_x.py``)."""
-    found = {t.split("::", 1)[0] for t in tests if "::" in t}
-    return sorted(p for p in found if p.endswith(".py") and not p.startswith("/"))
-
-
-# -- swebench's parsers and grading ----------------------------------------------------------
-
-
-def _parsers() -> dict[str, Callable[..., dict[str, str]]]:
-    require("swe", "the swe_tests evaluator")
-    from swebench.harness.log_parsers import PARSER_REGISTRY
-
-    return dict(PARSER_REGISTRY)
-
-
-def repo_parser(repo: str) -> str | None:
-    """The PARSER_REGISTRY name swebench's ``MAP_REPO_TO_PARSER_*`` tables give ``repo``."""
-    registry = _parsers()
-    package = importlib.import_module("swebench.harness.log_parsers")
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        for name, table in vars(module).items():
-            if name.startswith("MAP_REPO_TO_PARSER") and isinstance(table, dict) and repo in table:
-                return next((key for key, fn in registry.items() if fn is table[repo]), None)
-    return None
-
-
-def default_eval_type(repo: str) -> str:
-    require("swe", "the swe_tests evaluator")
-    from swebench.harness.constants import FAIL_ONLY_REPOS
-
-    return "fail_only" if repo in FAIL_ONLY_REPOS else "pass_and_fail"
-
-
-def unusable_log(log: str, status_map: dict[str, str], result: ExecResult) -> str | None:
-    """Why a run's log cannot be graded (SWE-bench's rules), or None when it can."""
-    from swebench.harness.grading import SUITE_RAN
-
-    if result.timed_out:
-        return f"the test command timed out after {result.duration_s:.0f}s"
-    if not status_map and not SUITE_RAN.search(log):
-        return "the log shows no test result"
-    if result.exit_code != 0 and status_map and not any(s in _FAILING for s in status_map.values()):
-        return (
-            f"the test command exited with {result.exit_code} but its log reports no failing "
-            "test: the log does not describe the run"
-        )
-    return None
-
-
 def read_log(path: Path, limit: int = LOG_LIMIT) -> str | None:
     """A test log the command wrote, never through a link (code under test could plant one
     to a host file); head and tail halves past ``limit`` bytes; None when there is none."""
@@ -271,52 +175,6 @@ def _read_inside(runtime: Runtime, path: str) -> str | None:
     return read_log(host)
 
 
-@dataclass
-class Grading:
-    """Graded tests across runs: a test passing in any run counts as passing."""
-
-    f2p: list[str]
-    p2p: list[str]
-    f2p_ok: set[str] = field(default_factory=set)
-    p2p_ok: set[str] = field(default_factory=set)
-    failed_once: set[str] = field(default_factory=set)
-
-    def add(self, report: dict[str, dict[str, list[str]]] | None) -> list[str]:
-        """Fold in one run's swebench report (None: an unusable log); its failing tests."""
-        f2p_ok = set(report[FAIL_TO_PASS]["success"]) if report else set()
-        p2p_ok = set(report[PASS_TO_PASS]["success"]) if report else set()
-        failing = [t for t in self.f2p if t not in f2p_ok] + [
-            t for t in self.p2p if t not in p2p_ok
-        ]
-        self.f2p_ok |= f2p_ok
-        self.p2p_ok |= p2p_ok
-        self.failed_once.update(failing)
-        return failing
-
-    @property
-    def complete(self) -> bool:
-        return self.f2p_ok >= set(self.f2p) and self.p2p_ok >= set(self.p2p)
-
-    def report(self) -> dict[str, dict[str, list[str]]]:
-        return {
-            FAIL_TO_PASS: _split(self.f2p, self.f2p_ok),
-            PASS_TO_PASS: _split(self.p2p, self.p2p_ok),
-        }
-
-    @property
-    def flaky(self) -> list[str]:
-        return sorted((self.f2p_ok | self.p2p_ok) & self.failed_once)
-
-    def fraction(self) -> float:
-        total = len(self.f2p) + len(self.p2p)
-        ok = sum(t in self.f2p_ok for t in self.f2p) + sum(t in self.p2p_ok for t in self.p2p)
-        return ok / total if total else 1.0
-
-
-def _split(tests: list[str], ok: set[str]) -> dict[str, list[str]]:
-    return {"success": [t for t in tests if t in ok], "failure": [t for t in tests if t not in ok]}
-
-
 # -- the evaluator ---------------------------------------------------------------------------
 
 
@@ -329,7 +187,7 @@ class SWETests(Evaluator):
         super().__init__(spec)
         self.config = parse_config(SWETestsConfig, spec)
         cfg = self.config
-        parsers = _parsers()
+        parsers = swebench_parsers()
         self.log_parser = cfg.log_parser or repo_parser(cfg.repo) or "parse_log_pytest"
         if self.log_parser not in parsers:
             raise ConfigError(

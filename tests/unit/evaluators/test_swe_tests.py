@@ -15,14 +15,13 @@ from polar import extras
 from polar.errors import ConfigError
 from polar.evaluators.base import EvaluationContext, EvaluationResult
 from polar.evaluators.registry import create_evaluator
-from polar.evaluators.swe_tests import (
+from polar.evaluators.swe_tests import read_log
+from polar.evaluators.swebench_rules import default_eval_type, repo_parser
+from polar.evaluators.test_patch import (
     DEFAULT_TEST_CMD,
-    default_eval_type,
     default_test_cmd,
     graded_files,
     patch_files,
-    read_log,
-    repo_parser,
 )
 from polar.runtimes.base import Runtime
 from polar.runtimes.registry import create_runtime
