@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
         "tokens",
         "auth",
         "serving",
+        "logs",
     },
     {
         "providers",
