@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +20,7 @@ from polar.cli import (
     train,
 )
 from polar.errors import PolarError
+from polar.logs import FORMATS, LEVELS, choose_settings, configure_logging
 
 COMMANDS = (
     quickstart,
@@ -42,20 +42,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"polar {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _add_log_options(parser, default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)
+    for command_parser in sub.choices.values():
+        # Also after the command (`polar serve-rollout --log-format json`), where given.
+        _add_log_options(command_parser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_log_options(parser: argparse.ArgumentParser, default: object) -> None:
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=default,
+        help="log lines as JSON objects or text; auto (the default): text on a terminal, JSON "
+        "otherwise (env POLAR_LOG_FORMAT)",
+    )
+    group.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=default,
+        help="Polar's log level (env POLAR_LOG_LEVEL; default warning, info for serve-gateway "
+        "and serve-rollout)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
+        log_format, log_level = choose_settings(
+            args.log_format,
+            "debug" if args.verbose else args.log_level,
+            default_level=getattr(args, "default_log_level", "warning"),
+        )
+        configure_logging(log_format, log_level)
         return int(args.func(args) or 0)
     except PolarError as exc:
         print(f"polar: error: {exc}", file=sys.stderr)
