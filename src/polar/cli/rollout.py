@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
         help="no tokens at all (loopback only, for experiments); default: the admin token is "
         "rollout.admin_token, else made at first start in <data-dir>/rollout.token",
     )
-    serve.set_defaults(func=serve_rollout)
+    # A server's log is where its sessions' lifecycle events go (docs/observability.md#logs).
+    serve.set_defaults(func=serve_rollout, default_log_level="info")
 
     submit = sub.add_parser("submit", help="submit a TaskRequest YAML to the rollout server")
     submit.add_argument("task", help="TaskRequest YAML (or JSON) file")

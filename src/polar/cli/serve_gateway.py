@@ -59,7 +59,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="no admin token at all (loopback only, for experiments)",
     )
-    p.set_defaults(func=run)
+    # A server's log is where its sessions' lifecycle events go (docs/observability.md#logs).
+    p.set_defaults(func=run, default_log_level="info")
 
 
 def load_config(args: argparse.Namespace) -> GatewayConfig:
