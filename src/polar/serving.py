@@ -49,7 +49,14 @@ class ServerLimits(BaseModel):
 def serve(app: Any, *, host: str, port: int, limits: ServerLimits) -> None:
     """Run ``app`` until interrupted (the ``polar serve-*`` commands), under ``limits``."""
     uvicorn.run(
-        app, host=host, port=port, log_level="warning", access_log=False, **uvicorn_settings(limits)
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        # uvicorn's own lines go through the process's logging (polar.logs: JSON or text).
+        log_config=None,
+        access_log=False,
+        **uvicorn_settings(limits),
     )
 
 

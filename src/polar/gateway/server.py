@@ -30,6 +30,7 @@ class BackgroundServer:
             host=host,
             port=port,
             log_level=log_level,
+            log_config=None,  # uvicorn's lines go through the process's logging (polar.logs)
             access_log=False,
             lifespan="on",
             loop=loop,
