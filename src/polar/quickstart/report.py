@@ -1,9 +1,8 @@
 """The run's static HTML report: one self-contained file, no scripts, no network assets.
 
-It shows what a trainer would receive: every trajectory turn by turn, with the tokens the
-engine sampled (trainable, loss mask 1) highlighted and the tokens between turns (tool results,
-template glue; mask 0) greyed, the reward of every sample, and where each session's time went.
-Token text comes from the served model's tokenizer; without one, ids are shown as numbers.
+It shows what a trainer would receive: every trajectory turn by turn (the view of
+:mod:`polar.trajectory.html`, which the rollout server's dashboard shows too), the reward of
+every sample, and where each session's time went.
 
 This module only turns a run into plain view data; the markup and the style live in the
 Jinja templates under ``templates/`` (autoescaped, so token text and tool output stay text).
@@ -11,21 +10,18 @@ Jinja templates under ``templates/`` (autoescaped, so token text and tool output
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment, PackageLoader
 
 from polar.quickstart.summary import STAGES, RunSummary
 from polar.schemas.task import SessionResult
-from polar.schemas.trajectory import Trace
+from polar.trajectory.html import TokenText, anchor, environment, session_view
 
-# Tokens the model found unlikely (logprob below this) are marked, to make surprises visible.
-SURPRISE_LOGPROB = -2.5
 STAGE_COLORS = {
     "queued": "#c9ced6",
     "init": "#7fb3d5",
@@ -59,36 +55,13 @@ def write_report(
     page = template.render(
         summary=summary,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        showcase=_session(showcase, decoder) if showcase else None,
+        showcase=session_view(showcase, decoder) if showcase else None,
         rewards=_reward_grid(ordered),
         timing=_timing_rows(ordered),
-        sessions=[_session(r, decoder) for r in ordered],
+        sessions=[session_view(r, decoder) for r in ordered],
     )
     path.write_text(page)
     return path
-
-
-class TokenText:
-    """Token id to display text, cached; ``⟨id⟩`` without a tokenizer."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            if self.tokenizer is None:
-                text = f"⟨{token_id}⟩"
-            else:
-                text = str(self.tokenizer.decode([token_id]))
-            self._cache[token_id] = text
-        return text
-
-    def join(self, ids: Iterable[int]) -> str:
-        if self.tokenizer is None:
-            return " ".join(self(i) for i in ids)
-        return str(self.tokenizer.decode(list(ids)))
 
 
 @dataclass(frozen=True)
@@ -127,67 +100,10 @@ class TimingRow:
     parts: list[BarPart]
 
 
-@dataclass(frozen=True)
-class SampledToken:
-    id: int
-    text: str
-    logprob: float | None
-
-
-@dataclass(frozen=True)
-class SampledTurn:
-    sampled: ClassVar[bool] = True
-    number: int
-    tokens: list[SampledToken]
-    mean_logprob: float | None
-
-
-@dataclass(frozen=True)
-class BetweenTurns:
-    sampled: ClassVar[bool] = False
-    size: int
-    text: str
-
-
-@dataclass(frozen=True)
-class TraceView:
-    index: int
-    calls: object
-    prompt_size: int
-    response_size: int
-    trainable: int
-    finish_reason: str | None
-    break_reason: object
-    prompt_text: str
-    turns: list[SampledTurn | BetweenTurns]
-
-
-@dataclass(frozen=True)
-class SessionView:
-    anchor: str
-    session_id: str
-    task_id: str
-    sample: object
-    status: str
-    reward: float | None
-    calls: object
-    drift: tuple[object, object] | None  # (turns, tokens), when the trajectory says
-    breaks: object
-    error: str | None
-    traces: list[TraceView]
-
-
 @cache
 def _environment() -> Environment:
-    env = Environment(
-        loader=PackageLoader("polar.quickstart", "templates"),
-        autoescape=True,
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    env.globals.update(stages=STAGES, stage_colors=STAGE_COLORS, surprise_logprob=SURPRISE_LOGPROB)
+    env = environment(PackageLoader("polar.quickstart", "templates"))
+    env.globals.update(stages=STAGES, stage_colors=STAGE_COLORS)
     return env
 
 
@@ -208,7 +124,7 @@ def _reward_cell(r: SessionResult) -> RewardCell:
         kind, label = "bad", r.status.value.lower()
     else:
         kind, label = ("pass" if r.reward > 0 else "fail"), f"{r.reward:g}"
-    return RewardCell(kind, label, r.error or r.status.value, _anchor(r))
+    return RewardCell(kind, label, r.error or r.status.value, anchor(r))
 
 
 def _timing_rows(results: list[SessionResult]) -> list[TimingRow]:
@@ -243,74 +159,3 @@ def _showcase(results: list[SessionResult]) -> SessionResult | None:
         ),
         default=None,
     )
-
-
-def _session(r: SessionResult, decoder: TokenText) -> SessionView:
-    trajectory = r.trajectory
-    meta = trajectory.metadata if trajectory else {}
-    return SessionView(
-        anchor=_anchor(r),
-        session_id=r.session_id,
-        task_id=r.task_id,
-        sample=r.metadata.get("sample_index", "?"),
-        status=r.status.value,
-        reward=r.reward,
-        calls=meta.get("num_calls", 0),
-        drift=(meta.get("drift_turns", 0), meta.get("drift_tokens", 0)) if meta else None,
-        breaks=meta.get("breaks"),
-        error=r.error[:300] if r.error else None,
-        traces=[
-            _trace(trace, index, decoder)
-            for index, trace in enumerate(trajectory.traces if trajectory else [])
-        ],
-    )
-
-
-def _trace(trace: Trace, index: int, decoder: TokenText) -> TraceView:
-    turns: list[SampledTurn | BetweenTurns] = []
-    sampled = 0
-    for start, end, trainable in _runs(trace.loss_mask):
-        ids = trace.response_ids[start:end]
-        if trainable:
-            sampled += 1
-            logprobs = trace.response_logprobs[start:end] if trace.response_logprobs else None
-            turns.append(_sampled_turn(sampled, ids, logprobs, decoder))
-        else:
-            turns.append(BetweenTurns(size=len(ids), text=decoder.join(ids)))
-    return TraceView(
-        index=index,
-        calls=trace.metadata.get("num_calls", 1),
-        prompt_size=len(trace.prompt_ids),
-        response_size=len(trace.response_ids),
-        trainable=sum(trace.loss_mask),
-        finish_reason=trace.finish_reason,
-        break_reason=trace.metadata.get("break_reason"),
-        prompt_text=decoder.join(trace.prompt_ids),
-        turns=turns,
-    )
-
-
-def _sampled_turn(
-    number: int, ids: list[int], logprobs: list[float] | None, decoder: TokenText
-) -> SampledTurn:
-    tokens = [
-        SampledToken(token_id, decoder(token_id), logprobs[i] if logprobs is not None else None)
-        for i, token_id in enumerate(ids)
-    ]
-    mean = sum(logprobs) / len(logprobs) if logprobs else None
-    return SampledTurn(number=number, tokens=tokens, mean_logprob=mean)
-
-
-def _runs(mask: list[int]) -> list[tuple[int, int, bool]]:
-    """Maximal runs of equal mask values as (start, end, trainable)."""
-    runs: list[tuple[int, int, bool]] = []
-    start = 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((start, i, mask[start] == 1))
-            start = i
-    return runs
-
-
-def _anchor(r: SessionResult) -> str:
-    return f"s-{r.session_id}"
