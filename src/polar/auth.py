@@ -5,6 +5,11 @@ dependency would let anyone make the server read a 30 MB body first. This middle
 401 from the headers alone. Which token a path needs is the app's decision (``authorize``); the
 caller it admits (a "principal") is left in ``scope["state"]["principal"]`` for the routes that
 need to know who it is (a node posting a result, say).
+
+A browser cannot set headers on a page load or an ``EventSource``: a guard given a ``cookie``
+name also takes the token from that cookie when no header carries one, for GET and HEAD only, so
+no request that changes anything is ever admitted on a cookie a browser sent by itself (the
+rollout server's dashboard keeps its read-only viewer token there).
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ def bearer(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+def cookie(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
+    """The value of cookie ``name`` in the request's ``Cookie`` headers, if any."""
+    wanted = name.encode("latin-1")
+    for header, value in headers:
+        if header != b"cookie":
+            continue
+        for pair in value.split(b";"):
+            key, _, found = pair.strip().partition(b"=")
+            if key == wanted and found:
+                return found.decode("latin-1")
+    return None
+
+
 def same_secret(given: str | None, expected: str | None) -> bool:
     """Constant-time comparison; nothing matches a missing secret."""
     if not given or not expected:
@@ -42,16 +60,22 @@ def same_secret(given: str | None, expected: str | None) -> bool:
 class TokenGuard:
     """Refuses HTTP requests ``authorize`` does not admit with 401, before the body is read."""
 
-    def __init__(self, app: ASGIApp, authorize: Authorize, *, realm: str) -> None:
+    def __init__(
+        self, app: ASGIApp, authorize: Authorize, *, realm: str, cookie: str | None = None
+    ) -> None:
         self.app = app
         self.authorize = authorize
         self.realm = realm
+        self.cookie = cookie
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        principal = self.authorize(scope["path"], bearer(scope["headers"]))
+        token = bearer(scope["headers"])
+        if token is None and self.cookie is not None and scope["method"] in ("GET", "HEAD"):
+            token = cookie(scope["headers"], self.cookie)
+        principal = self.authorize(scope["path"], token)
         if principal is None:
             await _unauthorized(self.realm)(scope, receive, send)
             return
