@@ -179,6 +179,11 @@ class CaptureStore:
         """Why the store refuses writes now, or None."""
         return self._fault
 
+    @property
+    def queue_depth(self) -> int:
+        """Operations waiting for the writer thread (a gauge of how far behind it is)."""
+        return self._queue.qsize()
+
     async def add_session(self, session_id: str, metadata: dict[str, Any]) -> None:
         await asyncio.wrap_future(self.submit(("session", session_id, metadata)))
 

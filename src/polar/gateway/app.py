@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from polar import __version__, tokens
 from polar.auth import OPEN, TokenGuard, same_secret
@@ -18,6 +18,7 @@ from polar.engines.registry import create_engine
 from polar.errors import EngineTimeout, EngineUnavailable
 from polar.gateway import admin
 from polar.gateway.config import GatewayConfig
+from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.pause import GenerationGate
 from polar.gateway.proxy import Proxy, json_response
 from polar.gateway.rendering import require_render_extra
@@ -60,7 +61,8 @@ def create_app(
         else:
             sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
     gate = GenerationGate()
-    proxy = Proxy(config, engine, store, sessions, gate)
+    metrics = GatewayMetrics()
+    proxy = Proxy(config, engine, store, sessions, gate, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -87,9 +89,12 @@ def create_app(
     docs = {app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url}
 
     def authorize(path: str, token: str | None) -> str | None:
-        """/polar/* and the docs need the admin token (the node API also takes the credential
-        this node's rollout server holds); /health and the model API (keyed by session) not."""
-        if admin_token is None or not (path.startswith("/polar") or path in docs):
+        """/polar/*, /metrics and the docs need the admin token (the node API also takes the
+        credential this node's rollout server holds); /health and the model API (keyed by
+        session) not."""
+        if admin_token is None or not (
+            path.startswith("/polar") or path in docs or path == "/metrics"
+        ):
             return OPEN
         if same_secret(token, admin_token):
             return "admin"
@@ -109,6 +114,12 @@ def create_app(
     @app.get("/health", tags=["admin"])
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", tags=["admin"], response_class=PlainTextResponse)
+    async def prometheus_metrics() -> Response:
+        """Prometheus metrics, in the text exposition format (docs/observability.md)."""
+        node = gateway.node
+        return metrics.response(store, sessions, node.status() if node is not None else None)
 
     async def models(request: Request) -> Response:
         name = config.served_model or "polar"

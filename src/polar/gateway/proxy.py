@@ -36,6 +36,7 @@ from polar.errors import (
     PayloadTooLarge,
 )
 from polar.gateway.config import GatewayConfig
+from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.pause import GenerationGate
 from polar.gateway.policy import apply_policy
 from polar.gateway.rendering import EngineFacts, TokenPrompts, discover, fit_output_budget
@@ -83,12 +84,14 @@ class Proxy:
         store: CaptureStore,
         sessions: SessionTable,
         gate: GenerationGate,
+        metrics: GatewayMetrics,
     ) -> None:
         self.config = config
         self.engine = engine
         self.store = store
         self.sessions = sessions
         self.gate = gate
+        self.metrics = metrics
         self.providers = ProviderSet()
         self.policy_version = config.policy_version
         self.pause_wait_s = 600.0
@@ -194,11 +197,19 @@ class Proxy:
         receive: Receive,
     ) -> Response:
         started = time.time()
-        flags, plan = await self._prepare(session, normalized)
+        call = self.metrics.call(provider.name, normalized.stream)
+        try:
+            flags, plan = await self._prepare(session, normalized)
+        except BaseException as exc:
+            call.end(exc)
+            raise
         # Everything before this line answers with a plain HTTP error; a stream opens here, so
         # what follows (a pause, the engine call, the capture write) fails in-stream.
-        completion = self._produce(
-            provider, session, normalized, body, _Prepared(started, flags, plan), receive
+        completion = call.watch(
+            self._produce(
+                provider, session, normalized, body, _Prepared(started, flags, plan), receive
+            ),
+            in_stream=normalized.stream,
         )
         if normalized.stream:
             return live_stream(provider, normalized, completion, self.config.stream_keepalive_s)
@@ -235,18 +246,22 @@ class Proxy:
         async with self.gate.admit(self.pause_wait_s):
             if plan is not None and self.prompts is not None:
                 tokens = await self._complete(
-                    self.engine.complete_tokens(plan.ids, normalized), receive
+                    self.metrics.engine_call(self.engine.complete_tokens(plan.ids, normalized)),
+                    receive,
                 )
                 result = self.prompts.result(plan, tokens, normalized, self.engine.name)
             else:
-                result = await self._complete(self.engine.complete(normalized), receive)
+                result = await self._complete(
+                    self.metrics.engine_call(self.engine.complete(normalized)), receive
+                )
             version = (
                 result.policy_version if result.policy_version is not None else self.policy_version
             )
         record = self._record(
             provider, session, normalized, body, result, prepared.started, version, prepared.flags
         )
-        await self.store.append(record)
+        await self.metrics.capture_commit(self.store.append(record))
+        self.metrics.tokens(provider.name, len(record.prompt_ids), len(record.sampled_ids))
         if plan is not None and self.prompts is not None:
             self.prompts.remember(session.session_id, plan, record.completion_id, result)
         completion = with_gateway_id(result.completion, record)
@@ -331,6 +346,7 @@ class Proxy:
         )
 
     def _error(self, provider: Provider | None, err: GatewayError) -> Response:
+        self.metrics.error(provider.name if provider else "unknown", err)
         provider = provider or self.providers.by_name["openai_chat"]
         headers = {"retry-after": str(int(err.retry_after))} if err.retry_after else None
         return json_response(provider.error_body(err), status=err.status, headers=headers)
