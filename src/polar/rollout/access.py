@@ -4,6 +4,10 @@
 - The enrolment secret: ``POST /nodes/register`` only.
 - A node's credential, issued when it enrols: that node's register, heartbeat and drain, and
   ``POST /results`` for the sessions dispatched to it (the routes check which node it is).
+- The viewer token, derived from the admin token (an HMAC of it, so it survives a restart and
+  reveals nothing of the admin token): the dashboard's pages (``GET /dashboard...``) and the
+  event stream, nothing else. ``/dashboard/login`` exchanges either token for an HttpOnly cookie
+  holding the viewer token (:class:`polar.auth.TokenGuard` reads it on GET and HEAD only).
 
 Credentials are random; the server keeps only their digests (SQLite), so a restart keeps them
 and a copy of the database does not leak them. :class:`polar.auth.TokenGuard` runs
@@ -12,6 +16,8 @@ and a copy of the database does not leak them. :class:`polar.auth.TokenGuard` ru
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 
@@ -21,9 +27,13 @@ from polar.tokens import digest, new_token
 
 ADMIN = "admin"
 ENROL = "enrol"
+VIEWER = "viewer"
 # What a node's credential opens (and the enrolment secret: only the first).
 _NODE_ROUTES = re.compile(r"/nodes/register|/nodes/[^/]+/(heartbeat|drain)|/results")
-_OPEN_ROUTES = frozenset({"/health"})
+# What the viewer token opens: every dashboard route is a GET that changes nothing.
+_VIEW_ROUTES = re.compile(r"/dashboard(/.*)?|/events")
+# The login page checks the token it is given itself, and reveals nothing without one.
+_OPEN_ROUTES = frozenset({"/health", "/dashboard/login"})
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,12 @@ class Access:
         self.store = store
         self.admin_token = admin_token
         self.enrolment_secret = enrolment_secret
+        self.viewer_token = viewer_token(admin_token) if admin_token else None
+        # Named after the server's own secret: servers on one host (ports do not separate
+        # cookies) each keep their own.
+        self.viewer_cookie = (
+            f"polar-viewer-{digest(self.viewer_token)[:12]}" if self.viewer_token else None
+        )
         self._nodes_by_digest = {d: node for node, d in store.node_credentials().items()}
 
     def authorize(self, path: str, token: str | None) -> str | NodeCaller | None:
@@ -51,12 +67,20 @@ class Access:
             return OPEN
         if same_secret(token, self.admin_token):
             return ADMIN
-        if token is None or not _NODE_ROUTES.fullmatch(path):
+        if token is None:
+            return None
+        if _VIEW_ROUTES.fullmatch(path):
+            return VIEWER if same_secret(token, self.viewer_token) else None
+        if not _NODE_ROUTES.fullmatch(path):
             return None
         if path == "/nodes/register" and same_secret(token, self.enrolment_secret):
             return ENROL
         node_id = self._nodes_by_digest.get(digest(token))
         return NodeCaller(node_id, token) if node_id is not None else None
+
+    def may_view(self, token: str | None) -> bool:
+        """Whether ``token`` is the admin or the viewer token."""
+        return same_secret(token, self.admin_token) or same_secret(token, self.viewer_token)
 
     def issue(self, node_id: str) -> str:
         """A new credential for ``node_id`` (the old one stops working). Blocking (SQLite)."""
@@ -67,3 +91,8 @@ class Access:
             d: node for d, node in self._nodes_by_digest.items() if node != node_id
         } | {found: node_id}
         return credential
+
+
+def viewer_token(admin_token: str) -> str:
+    """The read-only token of a server whose admin token is ``admin_token``."""
+    return hmac.new(admin_token.encode(), b"polar dashboard viewer", hashlib.sha256).hexdigest()

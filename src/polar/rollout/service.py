@@ -9,6 +9,10 @@ The HTTP routes in ``app.py`` are a thin shell around this class. Invariants it 
   completes;
 - a session's first final result wins; it is written to SQLite and the task's JSONL before the
   node's delivery is acknowledged.
+
+What happens to each task and session is also a log event with its ids (``task.submitted``,
+``session.registered``, ``session.dispatched``, ``session.result``, ``task.completed``, ...; see
+docs/observability.md#logs).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import httpx
 import orjson
 
 from polar.delivery import Outcome, deliver
+from polar.logs import log_event
 from polar.rollout.access import Access
+from polar.rollout.activity import Activity
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
@@ -69,6 +75,7 @@ class RolloutService:
         self.access = Access(self.store, token, config.enrolment_secret)
         self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
         self.events = EventBus()
+        self.activity = Activity()
         self.client = client or httpx.AsyncClient()
         self.callbacks = CallbackSender(
             self.store, self.config.callback_retry, self.client, on_done=self._callback_done
@@ -94,7 +101,17 @@ class RolloutService:
                 if callback_host_allowed(url, self.config.callback_hosts):
                     self.callbacks.send(url, row.result)
                 else:
-                    log.warning("callback to %s not sent: not in rollout.callback_hosts", url)
+                    log_event(
+                        log,
+                        "session.callback_refused",
+                        f"callback to {url} not sent: not in rollout.callback_hosts",
+                        level=logging.WARNING,
+                        session_id=row.session_id,
+                        task_id=row.task_id,
+                        node_id=row.node_id,
+                        url=url,
+                        error="callback host not in rollout.callback_hosts",
+                    )
         self._loops = [
             asyncio.create_task(self._dispatch_loop(), name="rollout-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="rollout-liveness"),
@@ -132,6 +149,22 @@ class RolloutService:
         self.events.publish(
             EventKind.TASK_SUBMITTED, task_id=request.task_id, num_samples=request.num_samples
         )
+        log_event(
+            log,
+            "task.submitted",
+            f"task {request.task_id} submitted: {request.num_samples} sessions",
+            task_id=request.task_id,
+            num_samples=request.num_samples,
+        )
+        for index, session_id in enumerate(session_ids):
+            log_event(
+                log,
+                "session.registered",
+                f"session {session_id} of task {request.task_id} registered",
+                session_id=session_id,
+                task_id=request.task_id,
+                sample_index=index,
+            )
         self.wake()
         summary = self.summary(request.task_id)
         assert summary is not None
@@ -207,6 +240,13 @@ class RolloutService:
                 )
         retired = await self._note_statuses(record.node_id, report.sessions)
         self.events.publish(EventKind.NODE_REGISTERED, node_id=record.node_id, url=record.url)
+        log_event(
+            log,
+            "node.registered",
+            f"node {record.node_id} registered at {record.url}",
+            node_id=record.node_id,
+            url=record.url,
+        )
         self.wake()
         return Registered(
             node_id=record.node_id,
@@ -236,8 +276,16 @@ class RolloutService:
                     f"{record.url}/polar/node/drain", headers=self._node_headers(node_id), timeout=5
                 )
             except httpx.HTTPError as exc:
-                log.warning("could not tell node %s to drain: %r", node_id, exc)
+                log_event(
+                    log,
+                    "node.drain_failed",
+                    f"could not tell node {node_id} to drain: {exc!r}",
+                    level=logging.WARNING,
+                    node_id=node_id,
+                    error=repr(exc),
+                )
         self.events.publish(EventKind.NODE_DRAINING, node_id=node_id)
+        log_event(log, "node.draining", f"node {node_id} draining", node_id=node_id)
         return record
 
     def node_views(self) -> list[NodeView]:
@@ -255,6 +303,9 @@ class RolloutService:
                     seen_s_ago=round(now - record.last_seen, 3),
                     capacity=status.capacity if status else 0,
                     stages=status.stages.model_dump() if status else {},
+                    workers=status.workers.model_dump() if status else {},
+                    paused=status.paused if status else False,
+                    policy_version=status.policy_version if status else 0,
                 )
             )
         return views
@@ -297,8 +348,29 @@ class RolloutService:
             raise ValueError(f"result for {result.session_id} has non-final status {result.status}")
         finished = await asyncio.to_thread(self.store.finish, result)
         if not finished.new:
+            log_event(
+                log,
+                "session.result_duplicate",
+                f"result of {result.session_id} again; the first one stands",
+                level=logging.DEBUG,
+                session_id=result.session_id,
+                task_id=result.task_id,
+                node_id=result.node_id,
+            )
             return False
         self._known_status.pop(result.session_id, None)
+        log_event(
+            log,
+            "session.result",
+            f"session {result.session_id} of task {result.task_id}: {result.status.value}",
+            session_id=result.session_id,
+            task_id=result.task_id,
+            node_id=result.node_id,
+            status=result.status.value,
+            reward=result.reward,
+            error=result.error,
+        )
+        self.activity.record(result)
         self.events.publish(
             EventKind.SESSION_FINISHED,
             task_id=result.task_id,
@@ -312,6 +384,12 @@ class RolloutService:
             self.callbacks.send(finished.callback_url, result)
         if finished.task_completed:
             self.events.publish(EventKind.TASK_COMPLETED, task_id=result.task_id)
+            log_event(
+                log,
+                "task.completed",
+                f"task {result.task_id} completed",
+                task_id=result.task_id,
+            )
         return True
 
     def _callback_done(self, session_id: str, state: CallbackState) -> None:
@@ -333,8 +411,15 @@ class RolloutService:
             self._wake.clear()
             try:
                 await self.dispatch_once()
-            except Exception:
-                log.exception("dispatch round failed")
+            except Exception as exc:
+                log_event(
+                    log,
+                    "rollout.dispatch_round_failed",
+                    "dispatch round failed",
+                    level=logging.ERROR,
+                    exc_info=True,
+                    error=repr(exc),
+                )
 
     async def dispatch_once(self) -> int:
         """Bind queued sessions to nodes (least pressure first) and start sending them."""
@@ -391,7 +476,17 @@ class RolloutService:
         except Exception as exc:
             # A bug or a garbled answer, not the network: retrying would repeat it for as long
             # as the node lives, so fail the session and let its task complete.
-            log.exception("%s broke; failing the session", what)
+            log_event(
+                log,
+                "session.dispatch_failed",
+                f"{what} broke; failing the session",
+                level=logging.ERROR,
+                exc_info=True,
+                session_id=row.session_id,
+                task_id=row.task_id,
+                node_id=node_id,
+                error=repr(exc),
+            )
             await self.accept_result(_failed(row, node_id, f"{what} failed: {exc!r}"))
 
     async def _post_dispatch(
@@ -413,16 +508,44 @@ class RolloutService:
                 session_id=row.session_id,
                 node_id=node_id,
             )
+            log_event(
+                log,
+                "session.dispatched",
+                f"session {row.session_id} dispatched to node {node_id}",
+                session_id=row.session_id,
+                task_id=row.task_id,
+                node_id=node_id,
+            )
             return Outcome.DELIVERED
         if reply.status_code in (429, 503):
             await asyncio.to_thread(self.store.unassign, row.session_id)
+            log_event(
+                log,
+                "session.requeued",
+                f"node {node_id} refused session {row.session_id} (HTTP {reply.status_code});"
+                " it waits for a node again",
+                session_id=row.session_id,
+                task_id=row.task_id,
+                node_id=node_id,
+                http_status=reply.status_code,
+            )
             self.wake()
             return Outcome.REFUSED
         if reply.status_code >= 500:
             return Outcome.RETRY
-        await self.accept_result(
-            _failed(row, node_id, f"node {node_id} rejected the session: HTTP {reply.status_code}")
+        error = f"node {node_id} rejected the session: HTTP {reply.status_code}"
+        log_event(
+            log,
+            "session.rejected",
+            error,
+            level=logging.WARNING,
+            session_id=row.session_id,
+            task_id=row.task_id,
+            node_id=node_id,
+            http_status=reply.status_code,
+            error=error,
         )
+        await self.accept_result(_failed(row, node_id, error))
         return Outcome.REJECTED
 
     def _node_headers(self, node_id: str) -> dict[str, str]:
@@ -440,8 +563,15 @@ class RolloutService:
             await asyncio.sleep(interval)
             try:
                 await self.expire_nodes()
-            except Exception:
-                log.exception("liveness round failed")
+            except Exception as exc:
+                log_event(
+                    log,
+                    "rollout.liveness_round_failed",
+                    "liveness round failed",
+                    level=logging.ERROR,
+                    exc_info=True,
+                    error=repr(exc),
+                )
 
     async def expire_nodes(self) -> list[str]:
         """Fail the unfinished sessions of nodes silent past their grace period."""
@@ -455,7 +585,15 @@ class RolloutService:
             for row in rows:
                 await self.accept_result(_failed(row, node_id, reason))
             self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
-            log.warning("%s (%d sessions failed)", reason, len(rows))
+            log_event(
+                log,
+                "node.dead",
+                f"{reason} ({len(rows)} sessions failed)",
+                level=logging.WARNING,
+                node_id=node_id,
+                failed_sessions=len(rows),
+                error=reason,
+            )
         return dead
 
     def status(self) -> dict[str, Any]:

@@ -53,6 +53,11 @@ class NodeView(BaseModel):
     seen_s_ago: float
     capacity: int
     stages: dict[str, int]
+    workers: dict[str, int] = Field(
+        default_factory=dict, description="The node's pool sizes (init, run, postrun, ...)."
+    )
+    paused: bool = False
+    policy_version: int = 0
 
 
 class ResultAck(BaseModel):
