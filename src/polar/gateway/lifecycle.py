@@ -16,6 +16,10 @@ One time budget per session starts when INIT starts. What each stage does lives 
 :mod:`polar.gateway.session_work`; this module only moves sessions between stages, keeps their
 status and timings, enforces the budget, and cancels. Every stage runs as its own asyncio task,
 so cancelling a session (or its budget running out) never disturbs the worker that runs it.
+
+Every move is a log event with the session, task and node ids (``session.accepted``,
+``session.init.start`` / ``.end``, ``session.ready``, ``session.run.start`` / ``.end``,
+``session.postrun.start``, ``session.finished``; see docs/observability.md#logs).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from polar.gateway.config import NodeConfig
+from polar.logs import log_event
 from polar.schemas.node import (
     NodeSessionInfo,
     NodeStatus,
@@ -167,6 +172,27 @@ class NodeSession:
     def remaining(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
+    def log(
+        self,
+        event: str,
+        message: str,
+        *,
+        level: int = logging.INFO,
+        logger: logging.Logger = log,
+        **fields: Any,
+    ) -> None:
+        """A log event about this session, with its session, task and node ids."""
+        log_event(
+            logger,
+            event,
+            message,
+            level=level,
+            session_id=self.session_id,
+            task_id=self.task_id,
+            node_id=self.node_id,
+            **fields,
+        )
+
     def info(self) -> NodeSessionInfo:
         return NodeSessionInfo(
             session_id=self.session_id,
@@ -268,6 +294,11 @@ class Lifecycle:
         self._sessions[session.session_id] = session
         self._active[session.session_id] = session
         self._init_q.put_nowait(session)
+        session.log(
+            "session.accepted",
+            f"session {session.session_id} of task {session.task_id} accepted",
+            sample_index=dispatch.sample_index,
+        )
         return session, True
 
     def check_admission(self, session_id: str) -> None:
@@ -293,6 +324,11 @@ class Lifecycle:
         session.outcome.cancelled = True
         session.outcome.status = SessionStatus.ERROR
         session.outcome.error = CANCELLED
+        session.log(
+            "session.cancel",
+            f"session {session_id} cancelled while {session.place}",
+            place=session.place.value,
+        )
         if session.stage_task is not None and not session.stage_task.done():
             session.stage_task.cancel()
         elif session.place in (Place.QUEUED, Place.READY, Place.POSTRUN_QUEUED):
@@ -348,6 +384,7 @@ class Lifecycle:
             session = await self._init_q.get()
             if not session.skip and await self._init(session):
                 session.move(Place.READY, SessionStatus.READY)
+                session.log("session.ready", f"session {session.session_id} ready for a run slot")
                 self._ready_q.put_nowait(session)
             else:
                 self._ready_slots.release()
@@ -372,10 +409,19 @@ class Lifecycle:
             if session.skip:
                 continue
             session.move(Place.POSTRUN, SessionStatus.POST_RUN)
+            session.log("session.postrun.start", f"session {session.session_id} in post-run")
             work = session.work
             assert work is not None
             result = await self._stage(session, work.postrun(session.outcome), budget_s=None)
             if not isinstance(result, SessionResult):
+                if not session.outcome.cancelled:
+                    session.log(
+                        "session.postrun.failed",
+                        f"post-run of session {session.session_id} failed: {result!r}",
+                        level=logging.WARNING,
+                        exc_info=result if isinstance(result, Exception) else None,
+                        error=f"post-run failed: {result!r}",
+                    )
                 with contextlib.suppress(Exception):
                     await work.abort()
                 if not session.outcome.cancelled:
@@ -391,12 +437,15 @@ class Lifecycle:
         to post-run."""
         session.deadline = time.monotonic() + session.dispatch.task.timeout_seconds
         session.move(Place.INITIALIZING, SessionStatus.INITIALIZING)
+        session.log("session.init.start", f"session {session.session_id} starting its runtime")
         work = session.work
         assert work is not None
         failure = await self._stage(session, work.init(), budget_s=session.remaining())
         if failure is None and not session.outcome.cancelled:
+            self._log_stage_end(session, "init", None)
             return True
         self._fail(session, failure, stage="init")
+        self._log_stage_end(session, "init", failure)
         self._to_postrun(session)
         return False
 
@@ -411,13 +460,25 @@ class Lifecycle:
         if budget <= 0:
             session.outcome.status = SessionStatus.TIMEOUT
             session.outcome.error = "the session budget ran out before a run slot was free"
+            session.log(
+                "session.run.skipped",
+                f"session {session.session_id} timed out before a run slot was free",
+                status=session.outcome.status.value,
+                error=session.outcome.error,
+            )
             self._to_postrun(session)
             return
         session.move(Place.RUNNING, SessionStatus.RUNNING)
         session.outcome.reached_run = True
+        session.log(
+            "session.run.start",
+            f"session {session.session_id} running its harness",
+            budget_s=round(budget, 3),
+        )
         failure = await self._stage(session, work.run(budget), budget_s=budget)
         if failure is not None:
             self._fail(session, failure, stage="run")
+        self._log_stage_end(session, "run", failure)
         self._to_postrun(session)
 
     async def _stage(
@@ -452,6 +513,25 @@ class Lifecycle:
             outcome.status = SessionStatus.ERROR
             outcome.error = f"{stage} failed: {failure}"
 
+    @staticmethod
+    def _log_stage_end(session: NodeSession, stage: str, failure: Any) -> None:
+        """``session.<stage>.end``: how long the stage took and how it ended (``outcome`` ok,
+        timeout, error or cancelled; the ``error`` when it failed)."""
+        outcome = session.outcome
+        if outcome.cancelled:
+            ended = "cancelled"
+        elif failure is None:
+            ended = "ok"
+        else:
+            ended = "timeout" if isinstance(failure, TimeoutError) else "error"
+        session.log(
+            f"session.{stage}.end",
+            f"session {session.session_id} {stage}: {ended}",
+            seconds=round(session.seconds_in_place, 3),
+            outcome=ended,
+            error=outcome.error if ended != "ok" else None,
+        )
+
     def _to_postrun(self, session: NodeSession) -> None:
         session.move(Place.POSTRUN_QUEUED, SessionStatus.POST_RUN)
         self._post_q.put_nowait(session)
@@ -485,11 +565,25 @@ class Lifecycle:
         self.finished_count += 1
         session.done.set()
         self._evict()
+        session.log(
+            "session.finished",
+            f"session {session.session_id} finished: {result.status.value}",
+            status=result.status.value,
+            reward=result.reward,
+            error=result.error,
+            seconds=result.timing.get("total"),
+        )
         if self.on_finished is not None:
             try:
                 await self.on_finished(result)
-            except Exception:
-                log.exception("handing on the result of %s failed", session.session_id)
+            except Exception as exc:
+                session.log(
+                    "session.handoff_failed",
+                    f"handing on the result of {session.session_id} failed",
+                    level=logging.ERROR,
+                    exc_info=True,
+                    error=repr(exc),
+                )
 
     def _evict(self) -> None:
         extra = len(self._sessions) - len(self._active) - self.config.keep_finished

@@ -155,8 +155,22 @@ class RolloutWork:
                 try:
                     evaluation = await self._evaluate(trajectory)
                 except Exception as exc:
-                    log.warning("evaluator failed for %s: %r", session.session_id, exc)
                     status, error = SessionStatus.ERROR, f"evaluator failed: {exc!r}"
+                    session.log(
+                        "session.evaluator_failed",
+                        f"evaluator failed for {session.session_id}: {exc!r}",
+                        level=logging.WARNING,
+                        logger=log,
+                        error=error,
+                    )
+                else:
+                    session.log(
+                        "session.evaluated",
+                        f"session {session.session_id} evaluated: reward {evaluation.reward:g}",
+                        logger=log,
+                        reward=evaluation.reward,
+                        passed=evaluation.passed,
+                    )
         finally:
             await self.abort()
         if evaluation is not None and trajectory is not None:
@@ -211,7 +225,12 @@ class RolloutWork:
         try:
             await self.fresh.start()
         except Exception as exc:
-            log.info("pre-warming the evaluation runtime failed: %r", exc)
+            self.session.log(
+                "session.prewarm_failed",
+                f"pre-warming the evaluation runtime failed: {exc!r}",
+                logger=log,
+                error=repr(exc),
+            )
             self.fresh = None
 
     def _fresh_runtime(self) -> Runtime:
