@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Request
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import Field
 
 from polar import __version__
@@ -218,6 +218,12 @@ async def post_result(request: Request, result: FinalResult) -> ResultAck:
 @router.get("/status", tags=["admin"])
 async def status(request: Request) -> dict[str, Any]:
     return await asyncio.to_thread(_service(request).status)
+
+
+@router.get("/metrics", tags=["admin"], response_class=PlainTextResponse)
+async def prometheus_metrics(request: Request) -> Response:
+    """Prometheus metrics, in the text exposition format (docs/observability.md)."""
+    return await _service(request).metrics_response()
 
 
 def create_rollout_app(

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
+from starlette.responses import Response
 
 from polar.delivery import Outcome, deliver
 from polar.logs import log_event
@@ -38,6 +39,7 @@ from polar.rollout.activity import Activity
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
+from polar.rollout.metrics import DEAD, DRAINING, HEALTHY, SILENT, RolloutMetrics
 from polar.rollout.nodes import NodeRecord, NodeRegistry
 from polar.rollout.scheduler import choose_node
 from polar.rollout.store import RolloutStore, SessionRow, TaskRow
@@ -75,10 +77,15 @@ class RolloutService:
         self.access = Access(self.store, token, config.enrolment_secret)
         self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
         self.events = EventBus()
+        self.metrics = RolloutMetrics()
         self.activity = Activity()
         self.client = client or httpx.AsyncClient()
         self.callbacks = CallbackSender(
-            self.store, self.config.callback_retry, self.client, on_done=self._callback_done
+            self.store,
+            self.config.callback_retry,
+            self.client,
+            on_done=self._callback_done,
+            on_retry=self.metrics.callback_retries.inc,
         )
         self._requests: dict[str, TaskRequest] = {}
         self._sending: dict[str, asyncio.Task[None]] = {}
@@ -146,6 +153,7 @@ class RolloutService:
         session_ids = [new_session_id() for _ in range(request.num_samples)]
         await asyncio.to_thread(self.store.create_task, request, session_ids)
         self._requests[request.task_id] = request
+        self.metrics.tasks_submitted.inc()
         self.events.publish(
             EventKind.TASK_SUBMITTED, task_id=request.task_id, num_samples=request.num_samples
         )
@@ -359,6 +367,7 @@ class RolloutService:
             )
             return False
         self._known_status.pop(result.session_id, None)
+        self.metrics.session_finished(result.status, result.timing)
         log_event(
             log,
             "session.result",
@@ -383,6 +392,7 @@ class RolloutService:
         if finished.callback_url:
             self.callbacks.send(finished.callback_url, result)
         if finished.task_completed:
+            await self._task_completed(result.task_id)
             self.events.publish(EventKind.TASK_COMPLETED, task_id=result.task_id)
             log_event(
                 log,
@@ -392,7 +402,14 @@ class RolloutService:
             )
         return True
 
+    async def _task_completed(self, task_id: str) -> None:
+        self.metrics.tasks_completed.inc()
+        row = await asyncio.to_thread(self.store.task, task_id)
+        if row is not None and row.finished_at is not None:
+            self.metrics.task_seconds.observe(max(0.0, row.finished_at - row.created_at))
+
     def _callback_done(self, session_id: str, state: CallbackState) -> None:
+        self.metrics.callback_done(state == CallbackState.DELIVERED)
         self.events.publish(EventKind.CALLBACK, session_id=session_id, state=state)
 
     # -- dispatch ------------------------------------------------------------------------
@@ -487,6 +504,7 @@ class RolloutService:
                 node_id=node_id,
                 error=repr(exc),
             )
+            self.metrics.dispatch_attempts.labels("error").inc()
             await self.accept_result(_failed(row, node_id, f"{what} failed: {exc!r}"))
 
     async def _post_dispatch(
@@ -496,9 +514,26 @@ class RolloutService:
         if record is None or record.url is None:
             return Outcome.RETRY  # owed results after a restart, not registered again yet
         headers = {**self._node_headers(node_id), "content-type": "application/json"}
-        reply = await self.client.post(
-            f"{record.url}/polar/node/sessions", content=body, headers=headers, timeout=timeout_s
-        )
+        started = time.perf_counter()
+        try:
+            reply = await self.client.post(
+                f"{record.url}/polar/node/sessions",
+                content=body,
+                headers=headers,
+                timeout=timeout_s,
+            )
+        except httpx.TransportError:
+            self.metrics.dispatch_attempts.labels(Outcome.RETRY.value).inc()
+            raise
+        self.metrics.dispatch_seconds.observe(time.perf_counter() - started)
+        outcome = await self._dispatch_answered(row, node_id, reply)
+        self.metrics.dispatch_attempts.labels(outcome.value).inc()
+        return outcome
+
+    async def _dispatch_answered(
+        self, row: SessionRow, node_id: str, reply: httpx.Response
+    ) -> Outcome:
+        """What a node's answer to a dispatch means, and its effects."""
         if reply.status_code in (200, 201):
             info = NodeSessionInfo.model_validate_json(reply.content)
             await asyncio.to_thread(self.store.acknowledge, row.session_id, info.status)
@@ -595,6 +630,20 @@ class RolloutService:
                 error=reason,
             )
         return dead
+
+    def node_state(self, record: NodeRecord) -> str:
+        """healthy, draining, silent (missed heartbeats, not yet dead) or dead."""
+        if record.dead:
+            return DEAD
+        if not self.nodes.healthy(record):
+            return SILENT
+        return DRAINING if record.draining else HEALTHY
+
+    async def metrics_response(self) -> Response:
+        """The Prometheus scrape: counters as they stand, state gauges read now."""
+        counts = await asyncio.to_thread(self.store.counts)
+        nodes = [(record, self.node_state(record)) for record in self.nodes.all()]
+        return self.metrics.response(counts, nodes)
 
     def status(self) -> dict[str, Any]:
         tasks = self.store.tasks()
