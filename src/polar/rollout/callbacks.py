@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
 from polar.delivery import Outcome, RetryPolicy, deliver, outcome_of
+from polar.logs import log_event
 from polar.rollout.store import RolloutStore
 from polar.schemas.node import IDEMPOTENCY_HEADER, SESSION_HEADER
 from polar.schemas.rollout import CallbackState
@@ -78,14 +80,30 @@ class CallbackSender:
 
         try:
             outcome = await deliver(attempt, self.policy, what=what)
-        except Exception:
+        except Exception as exc:
             # A bug, not the network: say so, and record the failure rather than die silently.
-            log.exception("%s broke", what)
+            _log(
+                result,
+                "session.callback_broke",
+                f"{what} broke",
+                level=logging.ERROR,
+                exc_info=True,
+                url=url,
+                error=repr(exc),
+            )
             outcome = Outcome.GAVE_UP
         state = CallbackState.DELIVERED if outcome is Outcome.DELIVERED else CallbackState.FAILED
         await asyncio.to_thread(self.store.set_callback, result.session_id, state)
-        if state == CallbackState.FAILED:
-            log.warning("%s failed for good", what)
+        failed = state == CallbackState.FAILED
+        _log(
+            result,
+            "session.callback",
+            f"{what} failed for good" if failed else f"{what} delivered",
+            level=logging.WARNING if failed else logging.INFO,
+            url=url,
+            state=state.value,
+            error=f"callback not delivered ({outcome.value})" if failed else None,
+        )
         if self.on_done is not None:
             self.on_done(result.session_id, state)
 
@@ -95,5 +113,26 @@ class CallbackSender:
         )
         outcome = outcome_of(reply)
         if outcome is Outcome.REJECTED:
-            log.warning("callback to %s rejected with HTTP %d", url, reply.status_code)
+            log_event(
+                log,
+                "session.callback_rejected",
+                f"callback to {url} rejected with HTTP {reply.status_code}",
+                level=logging.WARNING,
+                session_id=headers[SESSION_HEADER],
+                url=url,
+                http_status=reply.status_code,
+                error=f"HTTP {reply.status_code}",
+            )
         return outcome
+
+
+def _log(result: SessionResult, event: str, message: str, **fields: Any) -> None:
+    log_event(
+        log,
+        event,
+        message,
+        session_id=result.session_id,
+        task_id=result.task_id,
+        node_id=result.node_id,
+        **fields,
+    )
