@@ -32,8 +32,16 @@ VIEWER = "viewer"
 _NODE_ROUTES = re.compile(r"/nodes/register|/nodes/[^/]+/(heartbeat|drain)|/results")
 # What the viewer token opens: every dashboard route is a GET that changes nothing.
 _VIEW_ROUTES = re.compile(r"/dashboard(/.*)?|/events")
-# The login page checks the token it is given itself, and reveals nothing without one.
-_OPEN_ROUTES = frozenset({"/health", "/dashboard/login"})
+# The login page checks the token it is given itself; the dashboard's script and style are
+# the same for everyone. None reveals anything of the server.
+_OPEN_ROUTES = frozenset(
+    {
+        "/health",
+        "/dashboard/login",
+        "/dashboard/static/dashboard.js",
+        "/dashboard/static/dashboard.css",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,20 @@ class SessionRow:
 
 
 @dataclass(frozen=True)
+class SessionOutcome:
+    """A session's status and, once final, its result's headline: what a page lists without
+    parsing a trajectory."""
+
+    session_id: str
+    sample_index: int
+    status: SessionStatus
+    node_id: str | None
+    reward: float | None
+    error: str | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
 class Finished:
     """What recording a final result changed."""
 
@@ -147,6 +161,21 @@ class RolloutStore:
             rows = self._db.execute("SELECT * FROM tasks ORDER BY created_at").fetchall()
         return [_task_row(r) for r in rows]
 
+    def latest_tasks(self, limit: int) -> list[TaskRow]:
+        """Running tasks first, then the most recent: at most ``limit``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM tasks ORDER BY status = ? DESC, created_at DESC LIMIT ?",
+                (TaskStatus.RUNNING.value, limit),
+            ).fetchall()
+        return [_task_row(r) for r in rows]
+
+    def task_counts(self) -> dict[str, int]:
+        """Tasks per status."""
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) FROM tasks GROUP BY status")
+            return {status: n for status, n in rows.fetchall()}
+
     def results_path(self, task_id: str) -> Path:
         """``results/<task>.jsonl`` (:class:`~polar.schemas.ids.InvalidId` for a task id that
         does not follow the id grammar)."""
@@ -160,6 +189,31 @@ class RolloutStore:
 
     def sessions(self, task_id: str) -> list[SessionRow]:
         return self._sessions("WHERE task_id = ? ORDER BY sample_index", (task_id,))
+
+    def outcomes(self, task_id: str) -> list[SessionOutcome]:
+        """The task's sessions in sample order, with reward, error and duration read out of
+        the stored results by SQLite (no trajectory is parsed)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT session_id, sample_index, status, node_id,"
+                " json_extract(CAST(result AS TEXT), '$.reward'),"
+                " json_extract(CAST(result AS TEXT), '$.error'),"
+                " json_extract(CAST(result AS TEXT), '$.timing.total')"
+                " FROM sessions WHERE task_id = ? ORDER BY sample_index",
+                (task_id,),
+            ).fetchall()
+        return [
+            SessionOutcome(
+                session_id=r[0],
+                sample_index=r[1],
+                status=SessionStatus(r[2]),
+                node_id=r[3],
+                reward=float(r[4]) if r[4] is not None else None,
+                error=r[5],
+                seconds=float(r[6]) if r[6] is not None else None,
+            )
+            for r in rows
+        ]
 
     def result_blobs(self, task_id: str) -> list[bytes]:
         """The task's final results as stored (SessionResult JSON), in sample order: what
