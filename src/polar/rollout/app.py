@@ -17,6 +17,7 @@ from polar import __version__
 from polar.auth import OPEN, TokenGuard
 from polar.rollout.access import ADMIN, NodeCaller
 from polar.rollout.config import RolloutServerConfig
+from polar.rollout.dashboard import router as dashboard_router
 from polar.rollout.service import CallbackRefused, RolloutService
 from polar.rollout.store import TaskConflict
 from polar.schemas.ids import NodeId, TaskId
@@ -227,9 +228,10 @@ async def prometheus_metrics(request: Request) -> Response:
 
 
 def create_rollout_app(
-    config: RolloutServerConfig, *, service: RolloutService | None = None
+    config: RolloutServerConfig, *, service: RolloutService | None = None, tokenizer: Any = None
 ) -> FastAPI:
-    """The rollout server for ``config``; ``service`` may be injected (tests)."""
+    """The rollout server for ``config``; ``service`` may be injected (tests). With the served
+    model's ``tokenizer``, the dashboard shows trajectories' token text, not only their ids."""
     service = service or RolloutService(config)
 
     @asynccontextmanager
@@ -240,9 +242,14 @@ def create_rollout_app(
 
     app = FastAPI(title="Polar rollout server", version=__version__, lifespan=lifespan)
     app.state.service = service
+    app.state.tokenizer = tokenizer
     app.include_router(router)
+    app.include_router(dashboard_router)
     app.add_middleware(
-        TokenGuard, authorize=service.access.authorize, realm="the rollout server's token"
+        TokenGuard,
+        authorize=service.access.authorize,
+        realm="the rollout server's token",
+        cookie=service.access.viewer_cookie,
     )
 
     @app.get("/health", tags=["admin"])
