@@ -49,6 +49,7 @@ from polar.gateway.sessions import (
 from polar.gateway.stored_replies import StoredReplies
 from polar.gateway.streaming import live_stream
 from polar.harnesses.registry import harnesses, side_call_tag
+from polar.logs import log_event
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
 from polar.providers.registry import ProviderSet
 from polar.providers.stateful import RETRIEVE
@@ -143,10 +144,41 @@ class Proxy:
                 return json_response(provider.render_token_count(await self._count(normalized)))
             return await self._generate(provider, session, normalized, body, request.receive)
         except GatewayError as err:
+            self._log_error(self._caller(key, ctx), provider, err)
             return self._error(provider, err)
         except Exception as exc:  # a bug must still answer in the caller's shape
-            log.exception("unexpected gateway error")
-            return self._error(provider, GatewayError(f"internal gateway error: {exc!r}"))
+            internal = GatewayError(f"internal gateway error: {exc!r}")
+            self._log_error(self._caller(key, ctx), provider, internal, exc)
+            return self._error(provider, internal)
+
+    def _caller(self, key: str | None, ctx: RequestContext) -> GatewaySession | None:
+        return self.sessions.get(key or key_from_headers(ctx.headers, ctx.query))
+
+    def _log_error(
+        self,
+        session: GatewaySession | None,
+        provider: Provider | None,
+        err: GatewayError,
+        bug: Exception | None = None,
+    ) -> None:
+        """``call.error`` (INFO: the caller got its provider's error), or
+        ``call.unexpected_error`` with the traceback for a bug. An unknown key is never logged
+        (it may be someone's real API key)."""
+        meta = session.metadata if session is not None else {}
+        log_event(
+            log,
+            "call.unexpected_error" if bug is not None else "call.error",
+            "unexpected gateway error" if bug is not None else f"call answered {err.status}",
+            level=logging.ERROR if bug is not None else logging.INFO,
+            exc_info=bug,
+            session_id=session.session_id if session is not None else None,
+            task_id=meta.get("task_id"),
+            node_id=meta.get("node_id"),
+            provider=provider.name if provider is not None else None,
+            kind=err.kind,
+            http_status=err.status,
+            error=err.message,
+        )
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -212,8 +244,21 @@ class Proxy:
             in_stream=normalized.stream,
         )
         if normalized.stream:
+            completion = self._log_stream_error(completion, session, provider)
             return live_stream(provider, normalized, completion, self.config.stream_keepalive_s)
         return json_response(provider.render_response(await completion, normalized))
+
+    async def _log_stream_error(
+        self, completion: Awaitable[Completion], session: GatewaySession, provider: Provider
+    ) -> Completion:
+        """A stream's failure after its headers is answered in-stream; log it here."""
+        try:
+            return await completion
+        except ClientDisconnected:
+            raise
+        except GatewayError as err:
+            self._log_error(session, provider, err)
+            raise
 
     async def _prepare(
         self, session: GatewaySession, normalized: NormalizedRequest
