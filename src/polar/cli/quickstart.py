@@ -106,6 +106,11 @@ def add_parser(sub: Any) -> None:
         "--out", type=Path, default=None, metavar="DIR",
         help="run directory (default: polar-runs/quickstart-<time>)",
     )  # fmt: skip
+    p.add_argument(
+        "--dashboard", action="store_true",
+        help="print the link to the rollout server's live dashboard (nodes, tasks, throughput, "
+        "trajectories), served while the run lasts; see docs/observability.md",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -131,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         stock_prompt=args.stock_prompt,
         threads=args.threads,
+        dashboard=args.dashboard,
     )
     console = Console(width=max(Console().width, 100))
     if installed("render"):

@@ -1,9 +1,11 @@
-"""``polar serve-rollout``, ``polar submit`` and ``polar status``: the rollout service's CLI."""
+"""``polar serve-rollout``, ``polar submit``, ``polar status`` and ``polar dashboard``: the rollout
+service's CLI."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import webbrowser
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +19,7 @@ from polar.config_loader import load_config
 from polar.delivery import RetryPolicy
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
+from polar.rollout.dashboard import sign_in_url
 from polar.schemas.task import SessionStatus, TaskRequest, TaskResult
 from polar.serving import serve
 from polar.stack.topology import Topology
@@ -57,6 +60,14 @@ def add_parser(sub: Any) -> None:
     status.add_argument("task_id", nargs="?", help="show this task's sessions")
     _client_args(status)
     status.set_defaults(func=show_status)
+
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="print the sign-in link of the rollout server's live dashboard (docs/observability.md)",
+    )
+    _client_args(dashboard)
+    dashboard.add_argument("--open", action="store_true", help="open it in a browser here")
+    dashboard.set_defaults(func=show_dashboard)
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -103,6 +114,7 @@ def serve_rollout(args: argparse.Namespace) -> int:
         print("auth is OFF: any process on this machine may drive this server")
     elif not config.admin_token:
         print(f"admin token (clients, and nodes enrolling): {config.token_file()}")
+    print(f"dashboard: {config.base_url()}/dashboard (`polar dashboard` prints its sign-in link)")
     serve(app, host=config.host, port=config.port, limits=config.limits)
     return 0
 
@@ -167,6 +179,16 @@ def _print_results(console: Console, result: TaskResult) -> None:
     console.print(table)
     for path in result.result_paths:
         console.print(f"results: {path}")
+
+
+def show_dashboard(args: argparse.Namespace) -> int:
+    """The link carries the read-only viewer token derived from the admin token (never the
+    admin token itself); opening it leaves that in a cookie for this server."""
+    url = sign_in_url(args.url, _token(args))
+    print(url)
+    if args.open:
+        webbrowser.open(url)
+    return 0
 
 
 def show_status(args: argparse.Namespace) -> int:

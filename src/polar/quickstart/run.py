@@ -70,6 +70,7 @@ class QuickstartOptions:
     workers: int | None = None
     stock_prompt: bool = False
     threads: int | None = None
+    dashboard: bool = False
 
     def concurrency(self, sessions: int) -> int:
         """Sessions at once: all of a small run, so the engine decodes them as one batch and
@@ -218,11 +219,17 @@ def _roll_out(
         # Runtimes start on a free run slot (INIT inline): nothing is prepared ahead to tear
         # down on Ctrl-C, and a run slot is what a session waits for anyway.
         ready_buffer=0,
+        tokenizer=engine.tokenizer,
     )
     interrupted = False
     try:
         stack.start()
         console.print(f"rollout server {stack.rollout_url} · gateway node {stack.gateway_url}")
+        if options.dashboard:
+            console.print(
+                f"[bold]dashboard[/] {stack.dashboard_url} [dim](live while the run lasts)[/]",
+                soft_wrap=True,
+            )
         submitted: list[str] = []
         with RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
             try:

@@ -26,6 +26,7 @@ from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
+from polar.rollout.dashboard import sign_in_url
 
 if TYPE_CHECKING:
     from polar.engines.embedded import EmbeddedEngineCore
@@ -39,7 +40,8 @@ class LocalStack:
     ``work_dir`` receives the rollout state (``rollout/``, its admin token in
     ``rollout/rollout.token``), the capture store (``captures.db``, the gateway's admin token
     beside it in ``gateway.token``) and one directory per session (``sessions/<id>``). With
-    ``admin_token`` given, both servers use it instead. ``ready_buffer`` is
+    ``admin_token`` given, both servers use it instead. With the served model's ``tokenizer``,
+    the rollout server's dashboard shows token text. ``ready_buffer`` is
     the node's (default: one prepared runtime per run slot; 0 starts a session's runtime, and
     so its time budget, only when a run slot is free). ``postrun_workers`` build and evaluate
     finished sessions at once (raise it when evaluations run tests).
@@ -61,6 +63,7 @@ class LocalStack:
         postrun_workers: int = 2,
         ready_buffer: int | None = None,
         admin_token: str | None = None,
+        tokenizer: Any = None,
     ) -> None:
         self.engine = engine
         self.work_dir = Path(work_dir)
@@ -75,6 +78,7 @@ class LocalStack:
         self.postrun_workers = postrun_workers
         self.ready_buffer = run_workers if ready_buffer is None else ready_buffer
         self.admin_token = admin_token
+        self.tokenizer = tokenizer
         self.rollout: BackgroundServer | None = None
         self.gateway: BackgroundServer | None = None
         self.gateway_app: Any = None
@@ -114,6 +118,11 @@ class LocalStack:
     def rollout_url(self) -> str:
         assert self.rollout is not None, "stack not started"
         return self.rollout.url
+
+    @property
+    def dashboard_url(self) -> str:
+        """The rollout server's dashboard, as a sign-in link (its read-only viewer token)."""
+        return sign_in_url(self.rollout_url, self.rollout_token)
 
     @property
     def gateway_url(self) -> str:
@@ -176,7 +185,7 @@ class LocalStack:
             callback_retry=RetryPolicy(initial_s=0.1, max_s=1.0, deadline_s=60.0),
             default_runtime=self.runtime,
         )
-        self.rollout_app = create_rollout_app(config)
+        self.rollout_app = create_rollout_app(config, tokenizer=self.tokenizer)
         self.rollout = BackgroundServer(self.rollout_app).start()
 
     def _start_gateway(self) -> None:
