@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from polar.delivery import Outcome, RetryPolicy, deliver
 from polar.gateway.config import NodeConfig
+from polar.logs import log_event
 from polar.schemas.node import (
     IDEMPOTENCY_HEADER,
     NodeReport,
@@ -144,20 +145,50 @@ class NodeClient:
                 timeout=timeout_s,
             )
         except httpx.HTTPError as exc:
-            log.info("result of %s not delivered (%r); retrying", session_id, exc)
+            self._log_result(session_id, f"not delivered ({exc!r}); retrying", error=repr(exc))
             return Outcome.RETRY
         if reply.is_success:
+            log_event(
+                log,
+                "session.result_delivered",
+                f"result of {session_id} delivered to {self.url}",
+                session_id=session_id,
+                node_id=self.config.node_id,
+            )
             return Outcome.DELIVERED
         if reply.status_code in (403, 404, 422):  # not this node's, unknown, invalid: for good
-            log.error(
-                "rollout server refused the result of %s: HTTP %d %s",
-                session_id,
-                reply.status_code,
-                reply.text[:500],
+            error = f"HTTP {reply.status_code} {reply.text[:500]}"
+            log_event(
+                log,
+                "session.result_refused",
+                f"rollout server refused the result of {session_id}: {error}",
+                level=logging.ERROR,
+                session_id=session_id,
+                node_id=self.config.node_id,
+                http_status=reply.status_code,
+                error=error,
             )
             return Outcome.REJECTED
-        log.info("result of %s: HTTP %d; retrying", session_id, reply.status_code)
+        self._log_result(
+            session_id,
+            f"HTTP {reply.status_code}; retrying",
+            http_status=reply.status_code,
+            error=f"HTTP {reply.status_code}",
+        )
         return Outcome.RETRY
+
+    def _log_result(
+        self, session_id: str, what: str, error: str, http_status: int | None = None
+    ) -> None:
+        log_event(
+            log,
+            "session.result_retry",
+            f"result of {session_id}: {what}",
+            session_id=session_id,
+            node_id=self.config.node_id,
+            http_status=http_status,
+            error=error,
+        )
 
     # -- registration and heartbeats -------------------------------------------------------
 
