@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
     serve.add_argument("--config", help="topology YAML (see docs/rollout.md)")
     serve.add_argument("--host", help="bind address (default from the topology)")
     serve.add_argument("--port", type=int, help="port (default from the topology, 8200)")
-    serve.add_argument("--data-dir", help="where task state and results are kept")
+    serve.add_argument("--data-dir", type=Path, help="where task state and results are kept")
     serve.add_argument(
         "--no-auth",
         action="store_true",
