@@ -23,6 +23,7 @@ from rich.console import Console
 
 from polar.client import RolloutClient
 from polar.gateway.config import SamplingPolicy
+from polar.logs import log_to_file
 from polar.quickstart.outputs import read_captures, write_outputs
 from polar.quickstart.plan import (
     DEFAULT_HARNESS,
@@ -43,6 +44,8 @@ from polar.stack.local import LocalStack
 
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
+# The servers' log events at INFO, whatever the terminal shows (docs/observability.md#logs).
+LOG_JSONL = "log.jsonl"
 # Beyond the sessions' own budgets: model load, start-up, post-run and shutdown.
 _DEADLINE_SLACK_S = 120.0
 DEFAULT_MAX_WORKERS = 16
@@ -115,7 +118,8 @@ def run_quickstart(options: QuickstartOptions, console: Console) -> QuickstartRu
             f"harness {setup.harness.name} · runtime {setup.runtime} · engine "
             f"{setup.engine.label} · model {setup.engine.served_model}"
         )
-        results, interrupted = _roll_out(options, setup, requests, run_dir, console)
+        with log_to_file(run_dir / LOG_JSONL):
+            results, interrupted = _roll_out(options, setup, requests, run_dir, console)
     finally:
         setup.engine.close()
         _reap_strays(console)
