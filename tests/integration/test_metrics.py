@@ -85,7 +85,7 @@ def test_the_counters_are_what_the_run_did(stack: LocalStack) -> None:
     check_rollout(r)
 
     def idle(m: Samples) -> bool:
-        return value(m, "polar_gateway_node_sessions_finished", node_id=NODE_ID) == SAMPLES
+        return value(m, "polar_gateway_node_sessions_finished_total", node_id=NODE_ID) == SAMPLES
 
     g = scrape_until(stack.gateway_url, stack.gateway_token, idle)
     records = [rec for s in result.results for rec in stack.store.records(s.session_id)]

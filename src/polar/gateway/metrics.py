@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
 from prometheus_client import (
@@ -23,6 +23,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.responses import Response
 
 from polar.capture.store import CaptureStore
@@ -123,12 +125,8 @@ class GatewayMetrics:
             ["node_id"],
             registry=r,
         )
-        self.node_finished = Gauge(
-            "polar_gateway_node_sessions_finished",
-            "Sessions the node finished since it started.",
-            ["node_id"],
-            registry=r,
-        )
+        self.node_finished = _NodeFinished()
+        r.register(self.node_finished)
 
     # -- the call path -------------------------------------------------------------------
 
@@ -182,8 +180,25 @@ class GatewayMetrics:
             for pool in ("init", "run", "postrun"):
                 self.node_workers.labels(node.node_id, pool).set(getattr(node.workers, pool))
             self.node_draining.labels(node.node_id).set(1 if node.draining else 0)
-            self.node_finished.labels(node.node_id).set(node.finished)
+            self.node_finished.status = node
         return generate_latest(self.registry)
+
+
+class _NodeFinished(Collector):
+    """The node's own count of finished sessions, exposed as the counter it is."""
+
+    def __init__(self) -> None:
+        self.status: NodeStatus | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "polar_gateway_node_sessions_finished",
+            "Sessions the node finished since it started.",
+            labels=["node_id"],
+        )
+        if self.status is not None:
+            family.add_metric([self.status.node_id], self.status.finished)
+        yield family
 
 
 class CallTimer:
