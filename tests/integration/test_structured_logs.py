@@ -138,9 +138,7 @@ def test_one_session_followed_by_its_id(
             ("session.result", "session.result_delivered"),
         ):
             assert events.index(before) < events.index(after), (before, after, events)
-        assert all(
-            r["task_id"] == "hello" for r in lines if r["event"] != "session.result_delivered"
-        )
+        assert all(r["task_id"] == "hello" for r in lines)
         assert all(r["node_id"] == NODE_ID for r in lines if r["event"] != "session.registered")
         assert [r["ts"] for r in lines] == sorted(r["ts"] for r in lines)
         assert all(r["level"] == "INFO" and "error" not in r for r in lines)

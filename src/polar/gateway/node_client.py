@@ -130,13 +130,14 @@ class NodeClient:
             deadline_s=None,
             timeout_s=30,
         )
-        attempt = partial(self._post_result, result.session_id, body, headers, policy.timeout_s)
+        attempt = partial(self._post_result, result, body, headers, policy.timeout_s)
         await deliver(attempt, policy, what=f"result of {result.session_id}")
         self._undelivered.pop(result.session_id, None)
 
     async def _post_result(
-        self, session_id: str, body: str, headers: dict[str, str], timeout_s: float
+        self, result: SessionResult, body: str, headers: dict[str, str], timeout_s: float
     ) -> Outcome:
+        session_id = result.session_id
         try:
             reply = await self.client.post(
                 f"{self.url}/results",
@@ -145,46 +146,43 @@ class NodeClient:
                 timeout=timeout_s,
             )
         except httpx.HTTPError as exc:
-            self._log_result(session_id, f"not delivered ({exc!r}); retrying", error=repr(exc))
+            message = f"result of {session_id} not delivered ({exc!r}); retrying"
+            self._log_result(result, "session.result_retry", message, error=repr(exc))
             return Outcome.RETRY
         if reply.is_success:
-            log_event(
-                log,
-                "session.result_delivered",
-                f"result of {session_id} delivered to {self.url}",
-                session_id=session_id,
-                node_id=self.config.node_id,
-            )
+            message = f"result of {session_id} delivered to {self.url}"
+            self._log_result(result, "session.result_delivered", message)
             return Outcome.DELIVERED
-        if reply.status_code in (403, 404, 422):  # not this node's, unknown, invalid: for good
-            error = f"HTTP {reply.status_code} {reply.text[:500]}"
-            log_event(
-                log,
-                "session.result_refused",
-                f"rollout server refused the result of {session_id}: {error}",
-                level=logging.ERROR,
-                session_id=session_id,
-                node_id=self.config.node_id,
-                http_status=reply.status_code,
-                error=error,
+        status = reply.status_code
+        if status in (403, 404, 422):  # not this node's, unknown, invalid: for good
+            error = f"HTTP {status} {reply.text[:500]}"
+            message = f"rollout server refused the result of {session_id}: {error}"
+            self._log_result(
+                result, "session.result_refused", message, logging.ERROR, error, status
             )
             return Outcome.REJECTED
+        message = f"result of {session_id}: HTTP {status}; retrying"
         self._log_result(
-            session_id,
-            f"HTTP {reply.status_code}; retrying",
-            http_status=reply.status_code,
-            error=f"HTTP {reply.status_code}",
+            result, "session.result_retry", message, error=f"HTTP {status}", http_status=status
         )
         return Outcome.RETRY
 
     def _log_result(
-        self, session_id: str, what: str, error: str, http_status: int | None = None
+        self,
+        result: SessionResult,
+        event: str,
+        message: str,
+        level: int = logging.INFO,
+        error: str | None = None,
+        http_status: int | None = None,
     ) -> None:
         log_event(
             log,
-            "session.result_retry",
-            f"result of {session_id}: {what}",
-            session_id=session_id,
+            event,
+            message,
+            level=level,
+            session_id=result.session_id,
+            task_id=result.task_id,
             node_id=self.config.node_id,
             http_status=http_status,
             error=error,
@@ -199,7 +197,13 @@ class NodeClient:
         while True:
             await self._announce(_REGISTER)
             self.registered.set()
-            log.info("registered with %s as %s", self.url, self.config.node_id)
+            log_event(
+                log,
+                "node.registered",
+                f"registered with {self.url} as {self.config.node_id}",
+                node_id=self.config.node_id,
+                url=self.url,
+            )
             while True:
                 await asyncio.sleep(self._interval)
                 if await self._announce(heartbeat) is Outcome.REFUSED:

@@ -160,7 +160,7 @@ class RolloutService:
         log_event(
             log,
             "task.submitted",
-            f"task {request.task_id} submitted: {request.num_samples} sessions",
+            f"task {request.task_id} submitted ({request.num_samples} samples)",
             task_id=request.task_id,
             num_samples=request.num_samples,
         )
