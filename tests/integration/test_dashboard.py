@@ -106,8 +106,8 @@ def test_the_dashboard_follows_a_live_run(
     assert pools == ["INIT", "READY", "RUN", "POSTRUN"]
 
     with RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
+        client.submit(task("crashes", 2, AGENT_MODE="crash"))  # dispatched first: fails early
         client.submit(task("hello", SAMPLES))
-        client.submit(task("crashes", 2, AGENT_MODE="crash"))
         # The page hears the submission on /events and shows the task, nothing finished yet.
         browser.wait_for("document.querySelector(\"tr.task[data-task='hello']\") !== null")
         seen = {finished(browser, "hello")}
