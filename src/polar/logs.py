@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -84,7 +85,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``time LEVEL logger: message  event=… session_id=… key=value …`` for a terminal."""
+    """``time LEVEL logger: message  event=… task_id=… key=value …`` for a terminal (an id the
+    message already names is not repeated)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
@@ -92,7 +94,10 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
         pairs = {"event": getattr(record, "event", None)}
-        pairs.update({key: getattr(record, key, None) for key in IDS})
+        for key in IDS:
+            value = getattr(record, key, None)
+            if value is not None and not _names(record.message, str(value)):
+                pairs[key] = value
         pairs.update(_extra_fields(record))
         tail = " ".join(
             f"{key}={_text(value)}" for key, value in pairs.items() if value is not None
@@ -106,6 +111,11 @@ def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
         for key, value in vars(record).items()
         if key not in _RECORD_ATTRS and key not in IDS and not key.startswith("_")
     }
+
+
+def _names(message: str, value: str) -> bool:
+    """Whether ``message`` has ``value`` as a word of its own (node ``a`` is not in "task")."""
+    return re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w-])", message) is not None
 
 
 def _text(value: Any) -> str:

@@ -87,7 +87,9 @@ def test_text_is_one_readable_line_with_the_ids() -> None:
     log.warning("plain")
     first, second = stream.getvalue().splitlines()
     assert "INFO polar.test: session s1 ready" in first
-    assert first.endswith("event=session.ready session_id=s1 node_id=n1")
+    assert first.endswith("event=session.ready node_id=n1")  # s1 is in the message already
+    log_event(log, "session.accepted", "session s2 accepted", session_id="s2", node_id="s")
+    assert stream.getvalue().splitlines()[-1].endswith("event=session.accepted node_id=s")
     assert second.endswith("WARNING polar.test: plain")
 
 
