@@ -70,6 +70,14 @@ class HarnessRun:
     network: str
 
 
+def shell_call(name: str, command: str = COMMAND) -> tuple[str, dict[str, Any]]:
+    """The preset's own shell tool called with ``command``: the live run proves the preset
+    names the tool its CLI really has."""
+    tool = create_harness(name).shell_tool
+    assert tool is not None, f"{name} declares no shell tool"
+    return tool.call(command)
+
+
 def sandbox(tmp_path: Path, gateway_url: str, prefix: Path) -> Runtime:
     spec = RuntimeSpec(
         kind="bubblewrap",

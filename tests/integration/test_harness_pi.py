@@ -13,11 +13,11 @@ from polar.errors import HarnessError, HarnessTimeout
 from polar.harnesses.pi import PI_APIS
 
 from .harness_kit import (
-    COMMAND,
     assert_two_turn_run,
     harness_prefix,
     run_cli,
     run_two_turns,
+    shell_call,
 )
 
 __all__ = ["harness_prefix"]
@@ -28,9 +28,7 @@ pytestmark = pytest.mark.slow
 async def test_pi_two_turns(
     live_gateway: Any, tmp_path: Path, harness_prefix: Path, tokenizer: Any
 ) -> None:
-    run = await run_two_turns(
-        live_gateway, tmp_path, harness_prefix, "pi", ("bash", {"command": COMMAND})
-    )
+    run = await run_two_turns(live_gateway, tmp_path, harness_prefix, "pi", shell_call("pi"))
     assert_two_turn_run(run, tokenizer, "bash")
     assert {r.provider for r in run.records} == {"openai_chat"}
 
@@ -46,7 +44,7 @@ async def test_pi_four_api_modes_capture_the_same_tokens(
             tmp_path / api,
             harness_prefix,
             "pi",
-            ("bash", {"command": COMMAND}),
+            shell_call("pi"),
             settings={"api": api},
         )
         assert_two_turn_run(run, tokenizer, "bash")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from .harness_kit import COMMAND, assert_two_turn_run, harness_prefix, run_two_turns
+from .harness_kit import assert_two_turn_run, harness_prefix, run_two_turns, shell_call
 
 __all__ = ["harness_prefix"]
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 async def test_qwen_code_two_turns(
     live_gateway: Any, tmp_path: Path, harness_prefix: Path, tokenizer: Any
 ) -> None:
-    tool_call = ("run_shell_command", {"command": COMMAND})
+    tool_call = shell_call("qwen_code")
     run = await run_two_turns(live_gateway, tmp_path, harness_prefix, "qwen_code", tool_call)
     assert_two_turn_run(run, tokenizer, "run_shell_command")
     assert {r.provider for r in run.records} == {"openai_chat"}

@@ -72,6 +72,22 @@ class HarnessLaunch:
     cwd: str = "."
 
 
+@dataclass(frozen=True)
+class ShellTool:
+    """The CLI's own tool for running a shell command, as a model calls it: what a scripted
+    demonstrator (or a test) emits to make the real CLI run a command."""
+
+    name: str
+    argument: str
+    """The argument that carries the command."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Other arguments the CLI requires (a description, say)."""
+
+    def call(self, command: str) -> tuple[str, dict[str, Any]]:
+        """A ``(name, arguments)`` tool call that runs ``command``."""
+        return self.name, {self.argument: command, **self.extra}
+
+
 class HarnessSettings(BaseModel):
     """Settings every preset accepts; presets subclass this with their own fields."""
 
@@ -115,6 +131,8 @@ class Harness(ABC):
     """Whether the CLI is a Node program (the install then brings Node 22 along)."""
     binary: ClassVar[str | None] = None
     """The CLI's entry point, relative to the install prefix."""
+    shell_tool: ClassVar[ShellTool | None] = None
+    """The CLI's shell tool (None: it has none, or the preset runs a command of yours)."""
 
     def validate_settings(self, settings: Mapping[str, Any]) -> HarnessSettings:
         return self.settings_model.parse(settings, self.name)

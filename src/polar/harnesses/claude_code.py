@@ -16,7 +16,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from polar.harnesses.base import Harness, HarnessContext, HarnessLaunch, HarnessSettings
+from polar.harnesses.base import (
+    Harness,
+    HarnessContext,
+    HarnessLaunch,
+    HarnessSettings,
+    ShellTool,
+)
 from polar.providers.types import NormalizedRequest
 
 _MODEL_VARS = (
@@ -54,6 +60,7 @@ class ClaudeCodeSettings(HarnessSettings):
 
 class ClaudeCode(Harness):
     name = "claude_code"
+    shell_tool = ShellTool("Bash", "command", {"description": "Run a shell command"})
     settings_model = ClaudeCodeSettings
     npm_package = "@anthropic-ai/claude-code"
     binary = "node_modules/@anthropic-ai/claude-code-linux-x64/claude"

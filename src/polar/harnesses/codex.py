@@ -20,6 +20,7 @@ from polar.harnesses.base import (
     Harness,
     HarnessContext,
     HarnessLaunch,
+    ShellTool,
     deep_merge,
 )
 
@@ -36,6 +37,7 @@ class CodexSettings(ConfigFileSettings):
 
 class Codex(Harness):
     name = "codex"
+    shell_tool = ShellTool("exec_command", "cmd")
     settings_model = CodexSettings
     npm_package = "@openai/codex"
     needs_node = True

@@ -20,6 +20,7 @@ from polar.harnesses.base import (
     Harness,
     HarnessContext,
     HarnessLaunch,
+    ShellTool,
     deep_merge,
     system_text,
 )
@@ -38,6 +39,7 @@ class GeminiCliSettings(ConfigFileSettings):
 
 class GeminiCli(Harness):
     name = "gemini_cli"
+    shell_tool = ShellTool("run_shell_command", "command")
     settings_model = GeminiCliSettings
     npm_package = "@google/gemini-cli"
     needs_node = True

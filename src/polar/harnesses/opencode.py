@@ -22,6 +22,7 @@ from polar.harnesses.base import (
     Harness,
     HarnessContext,
     HarnessLaunch,
+    ShellTool,
     deep_merge,
     system_text,
 )
@@ -46,6 +47,7 @@ class OpencodeSettings(ConfigFileSettings):
 
 class Opencode(Harness):
     name = "opencode"
+    shell_tool = ShellTool("bash", "command", {"description": "Run a shell command"})
     settings_model = OpencodeSettings
     npm_package = "opencode-ai"
     binary = "node_modules/opencode-linux-x64/bin/opencode"

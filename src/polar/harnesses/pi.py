@@ -19,6 +19,7 @@ from polar.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     HarnessSettings,
+    ShellTool,
 )
 
 PiApi = Literal[
@@ -50,6 +51,7 @@ class PiSettings(HarnessSettings):
 
 class Pi(Harness):
     name = "pi"
+    shell_tool = ShellTool("bash", "command")
     settings_model = PiSettings
     npm_package = "@mariozechner/pi-coding-agent"
     needs_node = True

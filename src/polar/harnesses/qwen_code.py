@@ -18,6 +18,7 @@ from polar.harnesses.base import (
     Harness,
     HarnessContext,
     HarnessLaunch,
+    ShellTool,
     deep_merge,
     system_text,
 )
@@ -32,6 +33,7 @@ class QwenCodeSettings(ConfigFileSettings):
 
 class QwenCode(Harness):
     name = "qwen_code"
+    shell_tool = ShellTool("run_shell_command", "command")
     settings_model = QwenCodeSettings
     npm_package = "@qwen-code/qwen-code"
     needs_node = True

@@ -69,3 +69,14 @@ def test_toml_text_round_trips_nested_tables_and_odd_keys() -> None:
         "empty": {},
     }
     assert tomllib.loads(toml_text(data)) == data
+
+
+@pytest.mark.parametrize("name", CLI_PRESETS)
+def test_every_cli_preset_names_its_shell_tool(name: str) -> None:
+    """Demonstrators and tests drive a real CLI through this tool (the live harness tests call
+    it, so a wrong name fails there)."""
+    tool = create_harness(name).shell_tool
+    assert tool is not None
+    tool_name, arguments = tool.call("ls -l")
+    assert tool_name and arguments[tool.argument] == "ls -l"
+    assert create_harness("shell").shell_tool is None
