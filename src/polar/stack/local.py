@@ -91,6 +91,7 @@ class LocalStack:
         sync at all."""
         from polar.engines.embedded.client import EmbeddedEngine  # torch: only when asked for
 
+        options.setdefault("tokenizer", core.tokenizer)
         return cls(
             EmbeddedEngine(core),
             work_dir,
