@@ -76,14 +76,19 @@ class SessionRow:
 
 
 @dataclass(frozen=True)
-class SessionOutcome:
-    """A session's status and, once final, its result's headline: what a page lists without
-    parsing a trajectory."""
+class SessionState:
+    """Where a session is, without its result."""
 
     session_id: str
     sample_index: int
     status: SessionStatus
     node_id: str | None
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A final result's reward, error and duration: what a page lists of it."""
+
     reward: float | None
     error: str | None
     seconds: float | None
@@ -190,30 +195,37 @@ class RolloutStore:
     def sessions(self, task_id: str) -> list[SessionRow]:
         return self._sessions("WHERE task_id = ? ORDER BY sample_index", (task_id,))
 
-    def outcomes(self, task_id: str) -> list[SessionOutcome]:
-        """The task's sessions in sample order, with reward, error and duration read out of
-        the stored results by SQLite (no trajectory is parsed)."""
+    def session_states(self, task_id: str) -> list[SessionState]:
+        """The task's sessions in sample order, without reading a result."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT session_id, sample_index, status, node_id,"
-                " json_extract(CAST(result AS TEXT), '$.reward'),"
-                " json_extract(CAST(result AS TEXT), '$.error'),"
-                " json_extract(CAST(result AS TEXT), '$.timing.total')"
-                " FROM sessions WHERE task_id = ? ORDER BY sample_index",
+                "SELECT session_id, sample_index, status, node_id FROM sessions"
+                " WHERE task_id = ? ORDER BY sample_index",
                 (task_id,),
             ).fetchall()
-        return [
-            SessionOutcome(
-                session_id=r[0],
-                sample_index=r[1],
-                status=SessionStatus(r[2]),
-                node_id=r[3],
-                reward=float(r[4]) if r[4] is not None else None,
-                error=r[5],
-                seconds=float(r[6]) if r[6] is not None else None,
-            )
-            for r in rows
-        ]
+        return [SessionState(r[0], r[1], SessionStatus(r[2]), r[3]) for r in rows]
+
+    def headlines(self, session_ids: list[str]) -> dict[str, Headline]:
+        """The headlines of those of ``session_ids`` with a result, read out of the stored
+        results by SQLite (no trajectory is parsed in Python)."""
+        found: dict[str, Headline] = {}
+        for start in range(0, len(session_ids), 500):
+            chunk = session_ids[start : start + 500]
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT session_id, json_extract(r, '$.reward'), json_extract(r, '$.error'),"
+                    " json_extract(r, '$.timing.total') FROM (SELECT session_id,"
+                    " CAST(result AS TEXT) AS r FROM sessions WHERE result IS NOT NULL"
+                    f" AND session_id IN ({','.join('?' * len(chunk))}))",
+                    chunk,
+                ).fetchall()
+            for sid, reward, error, seconds in rows:
+                found[sid] = Headline(
+                    reward=float(reward) if reward is not None else None,
+                    error=error,
+                    seconds=float(seconds) if seconds is not None else None,
+                )
+        return found
 
     def result_blobs(self, task_id: str) -> list[bytes]:
         """The task's final results as stored (SessionResult JSON), in sample order: what

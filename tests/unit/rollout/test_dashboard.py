@@ -18,6 +18,7 @@ from polar.rollout.activity import Activity
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.dashboard import sign_in_url
+from polar.rollout.dashboard.outcomes import Outcomes
 from polar.rollout.dashboard.views import node_card, reward_histogram
 from polar.schemas.node import NodeReport, NodeStatus, StageCounts, Workers
 from polar.schemas.rollout import NodeView
@@ -211,6 +212,15 @@ def test_a_task_page_lists_sessions_and_a_session_page_its_trajectory(server: Se
         overview = browser.get("/dashboard").text
         assert "sessions completed / timeout / error" in overview
         assert "2 since the server started" in overview
+
+    # A final result's headline is read out of the store once, however often pages refresh.
+    reads: list[list[str]] = []
+    headlines = service.store.headlines
+    service.store.headlines = lambda ids: reads.append(ids) or headlines(ids)
+    fresh = Outcomes(service.store)
+    assert [o.reward for o in fresh.of_task("t2")] == [1.0, None, None]
+    assert fresh.of_task("t2")[1].error == f"run failed: {HOSTILE}\nmore detail"
+    assert len(reads) == 1 and len(reads[0]) == 2
 
 
 def test_node_cards_say_how_each_node_is() -> None:

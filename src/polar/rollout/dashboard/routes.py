@@ -15,6 +15,7 @@ from fastapi.responses import RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, Template
 
 from polar import __version__
+from polar.rollout.dashboard.outcomes import Outcomes
 from polar.rollout.dashboard.views import node_card, task_card, throughput
 from polar.rollout.service import RolloutService
 from polar.schemas.ids import SessionId, TaskId
@@ -139,6 +140,7 @@ def _login(request: Request, token: str | None) -> Response:
 
 async def _overview(request: Request) -> dict[str, Any]:
     service = _service(request)
+    outcomes = _outcomes(request)
     by_node = service.activity.by_node()
     nodes = [node_card(view, by_node.get(view.node_id)) for view in service.node_views()]
     flow = throughput(service.activity)
@@ -146,7 +148,7 @@ async def _overview(request: Request) -> dict[str, Any]:
     def read() -> dict[str, Any]:
         store, now = service.store, time.time()
         tasks = [
-            task_card(t, store.outcomes(t.task_id), now) for t in store.latest_tasks(TASKS_SHOWN)
+            task_card(t, outcomes.of_task(t.task_id), now) for t in store.latest_tasks(TASKS_SHOWN)
         ]
         return {"tasks": tasks, "task_counts": store.task_counts(), "sessions": store.counts()}
 
@@ -155,16 +157,17 @@ async def _overview(request: Request) -> dict[str, Any]:
 
 async def _task(request: Request, task_id: str) -> dict[str, Any]:
     service = _service(request)
+    outcomes = _outcomes(request)
 
     def read() -> dict[str, Any] | None:
         task = service.store.task(task_id)
         if task is None:
             return None
-        outcomes = service.store.outcomes(task_id)
+        sessions = outcomes.of_task(task_id)
         return {
-            "task": task_card(task, outcomes, time.time()),
-            "outcomes": outcomes[:SESSIONS_SHOWN],
-            "hidden": max(0, len(outcomes) - SESSIONS_SHOWN),
+            "task": task_card(task, sessions, time.time()),
+            "outcomes": sessions[:SESSIONS_SHOWN],
+            "hidden": max(0, len(sessions) - SESSIONS_SHOWN),
             "running": task.status == TaskStatus.RUNNING,
         }
 
@@ -197,6 +200,15 @@ def _common(request: Request) -> dict[str, Any]:
 
 def _base(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _outcomes(request: Request) -> Outcomes:
+    """The app's headline cache, made on first use."""
+    state = request.app.state
+    if not hasattr(state, "dashboard_outcomes"):
+        state.dashboard_outcomes = Outcomes(_service(request).store)
+    outcomes: Outcomes = state.dashboard_outcomes
+    return outcomes
 
 
 def _service(request: Request) -> RolloutService:

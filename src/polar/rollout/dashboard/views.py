@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from polar.rollout.activity import Activity, NodeActivity, Rates
-from polar.rollout.store import SessionOutcome, TaskRow
+from polar.rollout.dashboard.outcomes import SessionOutcome
+from polar.rollout.store import TaskRow
 from polar.schemas.rollout import NodeView
 from polar.schemas.task import SessionStatus
 
