@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.checkouts import default_cache_dir, shared_checkout
-from polar.schemas.task import RuntimeSpec
+from polar.schemas.task import ImageSource, RuntimeSpec
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
 DEFAULT_PREPARE_TIMEOUT_S = 1800.0
@@ -437,10 +437,10 @@ class Runtime(ABC):
         source = self.spec.source
         if source is None:
             return
-        if source.kind == "image":
+        if isinstance(source, ImageSource):
             await self._seed_from_image(source.path or self.spec.workdir)
             return
-        tree = await shared_checkout(source.repo or "", source.commit, default_cache_dir())
+        tree = await shared_checkout(source.repo, source.commit, default_cache_dir())
         await asyncio.to_thread(
             shutil.copytree, tree, self.workspace_path, symlinks=True, dirs_exist_ok=True
         )

@@ -3,40 +3,39 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar.schemas.ids import NodeId, SessionId, TaskId
 from polar.schemas.trajectory import Trajectory
 
 
-class WorkspaceSource(BaseModel):
-    """Where a workspace's starting tree comes from, laid down at INIT before ``files``.
-
-    ``git``: a clone of ``repo`` (a host path of a git repository or a ``git bundle`` file) with
-    ``commit`` checked out, made on the host (no git needed inside the sandbox) and kept as a
-    cached checkout, so thousands of sessions copy it instead of cloning. ``image``: the
-    directory ``path`` of the runtime's image (default: the workdir), copied out before the
-    workspace mount hides it, as a SWE-bench image's ``/testbed``.
-    """
+class GitSource(BaseModel):
+    """A workspace that starts as ``repo`` (a host path of a git repository or a ``git bundle``
+    file) with ``commit`` checked out: made on the host (no git needed inside the sandbox) and
+    kept as a cached checkout, so thousands of sessions copy it instead of cloning."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["git", "image"]
-    repo: str | None = Field(None, description="git: host path of a repository or bundle.")
-    commit: str | None = Field(None, description="git: the commit checked out (default HEAD).")
-    path: str | None = Field(None, description="image: directory copied (default: workdir).")
+    kind: Literal["git"]
+    repo: str = Field(min_length=1, description="Host path of a repository or bundle.")
+    commit: str | None = Field(None, description="The commit checked out (default HEAD).")
 
-    @model_validator(mode="after")
-    def _fields_fit_kind(self) -> WorkspaceSource:
-        if self.kind == "git" and not self.repo:
-            raise ValueError("a git workspace source needs repo (a repository path or bundle)")
-        if self.kind == "git" and self.path is not None:
-            raise ValueError("path is for an image workspace source; git takes repo and commit")
-        if self.kind == "image" and (self.repo is not None or self.commit is not None):
-            raise ValueError("repo and commit are for a git workspace source; image takes path")
-        return self
+
+class ImageSource(BaseModel):
+    """A workspace that starts as the directory ``path`` of the runtime's image (default: the
+    workdir), copied out before the workspace mount hides it, as a SWE-bench image's
+    ``/testbed``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["image"]
+    path: str | None = Field(None, description="Directory copied (default: the workdir).")
+
+
+WorkspaceSource = Annotated[GitSource | ImageSource, Field(discriminator="kind")]
+"""Where a workspace's starting tree comes from, laid down at INIT before ``files``."""
 
 
 class RuntimeSpec(BaseModel):

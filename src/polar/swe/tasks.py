@@ -25,9 +25,10 @@ from polar.schemas.task import (
     AgentSpec,
     BuilderSpec,
     EvaluatorSpec,
+    GitSource,
+    ImageSource,
     RuntimeSpec,
     TaskRequest,
-    WorkspaceSource,
 )
 from polar.swe.images import DUNDER, image_name, with_registry
 from polar.swe.instances import SWEInstance
@@ -185,9 +186,9 @@ def _runtime(instance: SWEInstance, options: SWETaskOptions) -> RuntimeSpec:
     }
     if image:
         spec["image"] = _image(instance, options)
-        spec["source"] = WorkspaceSource(kind="image")
+        spec["source"] = ImageSource(kind="image")
     else:
-        spec["source"] = WorkspaceSource(
+        spec["source"] = GitSource(
             kind="git", repo=_repo_path(instance, options), commit=instance.base_commit
         )
         binds = options.ro_binds or _harness_binds(options)

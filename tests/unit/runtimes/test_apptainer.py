@@ -12,7 +12,7 @@ import pytest
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.apptainer import ENV_PREFIX, ApptainerRuntime
 from polar.runtimes.gateway_relay import FORWARDER_SOURCE
-from polar.schemas.task import RuntimeSpec, WorkspaceSource
+from polar.schemas.task import ImageSource, RuntimeSpec
 
 
 def make(tmp_path: Path, **spec: object) -> ApptainerRuntime:
@@ -74,7 +74,7 @@ async def test_a_failed_image_copy_fails_start(tmp_path: Path):
     fake = tmp_path / "apptainer"
     fake.write_text("#!/bin/sh\necho \"cp: cannot stat '/nowhere/.'\" >&2\nexit 1\n")
     fake.chmod(0o755)
-    source = WorkspaceSource(kind="image", path="/nowhere")
+    source = ImageSource(kind="image", path="/nowhere")
     rt = make(tmp_path, source=source, options={"apptainer": str(fake)})
     with pytest.raises(RuntimeStartError, match="copying /nowhere out of the image") as caught:
         await rt.start()

@@ -17,7 +17,7 @@ from images.local_image import IMAGE, docker_unready
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.docker import EXEC_ID_VAR, DockerRuntime
 from polar.runtimes.gateway_relay import FORWARDER_SOURCE
-from polar.schemas.task import RuntimeSpec, WorkspaceSource
+from polar.schemas.task import ImageSource, RuntimeSpec
 
 # Plays the docker CLI on the host: logs each argv, runs exec'd commands locally with only the
 # variables named by -e (as docker does), answers run/create/rm, and copies `cp CONTAINER:PATH`
@@ -207,7 +207,7 @@ async def test_an_image_source_is_copied_out_before_the_container_starts(
         tmp_path,
         network="host",
         workdir="/testbed",
-        source=WorkspaceSource(kind="image"),
+        source=ImageSource(kind="image"),
         files={"setup.py": "new"},
         options={"docker": str(fake_docker)},
     )
@@ -229,7 +229,7 @@ async def test_an_image_source_is_copied_out_before_the_container_starts(
 async def test_a_missing_image_directory_fails_start_and_removes_the_seed_container(
     tmp_path: Path, fake_docker: Path
 ):
-    source = WorkspaceSource(kind="image", path="/nowhere")
+    source = ImageSource(kind="image", path="/nowhere")
     rt = make(tmp_path, network="host", source=source, options={"docker": str(fake_docker)})
     with pytest.raises(RuntimeStartError, match="copying /nowhere out of the image"):
         await rt.start()

@@ -16,7 +16,7 @@ from polar.errors import ConfigError
 from polar.runtimes.bubblewrap import BubblewrapRuntime
 from polar.runtimes.docker import DockerRuntime
 from polar.runtimes.local import LocalRuntime
-from polar.schemas.task import RuntimeSpec, WorkspaceSource
+from polar.schemas.task import GitSource, ImageSource, RuntimeSpec
 
 from .conftest import GitRepo, git
 
@@ -36,7 +36,7 @@ def tree_of(root: Path) -> dict[str, str]:
 
 
 def git_spec(repo: GitRepo, **spec: object) -> RuntimeSpec:
-    source = WorkspaceSource(kind="git", repo=str(repo.path), commit=repo.first)
+    source = GitSource(kind="git", repo=str(repo.path), commit=repo.first)
     return RuntimeSpec(source=source, **spec)  # type: ignore[arg-type]
 
 
@@ -76,7 +76,7 @@ async def test_the_agents_changes_stay_in_its_own_workspace(git_repo: GitRepo, t
 async def test_an_image_source_needs_a_runtime_with_an_image(
     tmp_path: Path, runtime: type[LocalRuntime] | type[BubblewrapRuntime]
 ):
-    spec = RuntimeSpec(kind=runtime.name, source=WorkspaceSource(kind="image"))
+    spec = RuntimeSpec(kind=runtime.name, source=ImageSource(kind="image"))
     rt = runtime(spec, tmp_path / "s", "http://127.0.0.1:9")
     with pytest.raises(ConfigError, match=f"the {runtime.name} runtime has no image"):
         await rt.start()
@@ -114,7 +114,7 @@ async def test_live_docker_seeds_the_workspace_from_the_image(
             kind="docker",
             image=image,
             workdir="/testbed",
-            source=WorkspaceSource(kind="image"),
+            source=ImageSource(kind="image"),
             files={"extra.txt": "x"},
         )
         rt = DockerRuntime(spec, tmp_path / "s", gateway_url)

@@ -81,7 +81,6 @@ def test_a_local_task_checks_out_the_repo_at_its_base_commit(tmp_path: Path) -> 
         "kind": "git",
         "repo": str(tmp_path / "astropy.bundle"),
         "commit": VERIFIED["base_commit"],
-        "path": None,
     }
     assert runtime.options == {"ro_binds": ["/opt/node"]}
     assert (task.agent.harness, task.agent.settings) == ("codex", {"reasoning_effort": "low"})
