@@ -127,6 +127,12 @@ def add_parser(sub: Any) -> None:
         "--engine-url", default=None, metavar="URL",
         help="a vLLM or SGLang server (default: the embedded engine serving --model)",
     )  # fmt: skip
+    engine.add_argument(
+        "--demonstrator", action="store_true",
+        help="no model: a scripted demonstrator applies each instance's gold patch through the "
+        "harness's shell tool (real CLI, real tokens; accepted data in seconds, marked "
+        "scripted-demonstrator)",
+    )
     engine.add_argument("--engine-kind", default="vllm", choices=("vllm", "sglang"))
     engine.add_argument(
         "--served-model", default=None, metavar="NAME",
@@ -155,7 +161,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if bool(args.instances) == bool(args.bundled):
         raise ConfigError("polar generate takes an instance file or --bundled (one of them)")
-    if not args.engine_url:
+    if args.demonstrator and args.engine_url:
+        raise ConfigError("--demonstrator is the engine: it takes no --engine-url")
+    if not args.engine_url and not args.demonstrator:
         require("embedded", "polar generate without --engine-url")
     task_options: dict[str, Any] = {}
     if args.repo:
@@ -192,11 +200,12 @@ def run(args: argparse.Namespace) -> int:
         served_model=args.served_model,
         tokenizer=args.tokenizer,
         threads=args.threads,
+        demonstrator=args.demonstrator,
         task_options=task_options,
     )
     # Wide enough for the acceptance table's eleven columns and a repository name.
     console = Console(width=max(Console().width, 130))
-    if not args.engine_url and installed("render"):
+    if not args.engine_url and not args.demonstrator and installed("render"):
         _quiet_model_loading()
     if not installed("parquet"):
         note = "note: no dataset.parquet without pyarrow: pip install 'polar[parquet]'"

@@ -42,6 +42,9 @@ class GenerateOptions:
     served_model: str | None = None
     tokenizer: str | None = None
     threads: int | None = None
+    demonstrator: bool = False
+    """Serve the run with the scripted demonstrator (gold patches through the harness's shell
+    tool; :mod:`polar.generation.demonstrator`) instead of a model."""
     task_options: dict[str, Any] = field(default_factory=dict)
     """More :class:`polar.swe.tasks.SWETaskOptions` fields (repos, image registry, test
     timeout, ...), passed through as given."""

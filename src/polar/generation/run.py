@@ -49,6 +49,7 @@ from polar.generation.attempts import (
 )
 from polar.generation.collect import Collector, TaskPlan
 from polar.generation.dataset import DatasetFiles, write_dataset
+from polar.generation.demonstrator import demonstrator_engine
 from polar.generation.options import GenerateOptions
 from polar.generation.progress import GenerateView
 from polar.quickstart.plan import (
@@ -206,7 +207,7 @@ def _generate(
     started = time.time()
     run_dir = ledger.out_dir / RUNS / f"{run:03d}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    setup = _set_up(options, console, engine)
+    setup = _set_up(options, console, engine, instances)
     models = {str(r.get("model")) for r in _runs(ledger.out_dir)}
     if models and str(setup.engine.served_model) not in models:
         console.print(
@@ -248,7 +249,12 @@ def _generate(
     return collector.records, interrupted
 
 
-def _set_up(options: GenerateOptions, console: Console, engine: EngineHandle | None) -> _Setup:
+def _set_up(
+    options: GenerateOptions,
+    console: Console,
+    engine: EngineHandle | None,
+    instances: list[SWEInstance],
+) -> _Setup:
     """Choose the runtime, open the engine (unless given), install the harness."""
 
     def warn(text: str) -> None:
@@ -256,6 +262,8 @@ def _set_up(options: GenerateOptions, console: Console, engine: EngineHandle | N
 
     runtime = choose_runtime(options.runtime, warn)
     owns = engine is None
+    if engine is None and options.demonstrator:
+        engine = demonstrator_engine(instances, options.harness)
     if engine is None:
         with console.status("loading the model ..." if not options.engine_url else "engine ..."):
             engine = open_engine(

@@ -21,6 +21,7 @@ import httpx
 from polar.engines.base import Engine
 from polar.engines.registry import EngineConfig, create_engine
 from polar.errors import ConfigError, HarnessError
+from polar.harnesses.base import ShellTool
 from polar.harnesses.install import default_prefix, install, installed_names
 from polar.harnesses.registry import CLI_PRESETS
 from polar.schemas.task import AgentSpec, RuntimeSpec
@@ -28,6 +29,8 @@ from polar.schemas.task import AgentSpec, RuntimeSpec
 AGENT = "agent"
 """The name ``--harness`` takes for the bundled minimal Python agent."""
 AGENT_PATH = Path(__file__).with_name("agent.py").absolute()
+AGENT_SHELL_TOOL = ShellTool("shell", "command")
+"""The bundled agent's one tool (``agent.TOOL``), as a model calls it."""
 DEFAULT_HARNESS = "pi"
 # Pi's own system prompt and four tools come to ~1.5k SmolLM2 tokens; on a CPU every prompt
 # token costs, so the quickstart runs Pi with a one-line prompt and the two tools the suite
