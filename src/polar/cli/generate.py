@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from polar.cli.arguments import positive_float, positive_int, quiet_model_loading, repo_path
 from polar.errors import ConfigError, HarnessError, RuntimeStartError
 from polar.extras import installed, require
 from polar.generation.options import GenerateOptions, default_out
@@ -51,29 +52,29 @@ def add_parser(sub: Any) -> None:
         help="only these instance ids",
     )  # fmt: skip
     source.add_argument(
-        "--limit", type=_positive_int, default=None, metavar="N", help="only the first N instances"
+        "--limit", type=positive_int, default=None, metavar="N", help="only the first N instances"
     )  # fmt: skip
     source.add_argument(
-        "--repo", action="append", type=_pair, default=[], metavar="OWNER/NAME=PATH",
+        "--repo", action="append", type=repo_path, default=[], metavar="OWNER/NAME=PATH",
         help="a local git repository or bundle for a repo (local and bubblewrap runtimes; "
         "repeatable)",
     )  # fmt: skip
 
     size = p.add_argument_group("attempts")
     size.add_argument(
-        "--attempts", type=_positive_int, default=_DEFAULT_ATTEMPTS, metavar="N",
+        "--attempts", type=positive_int, default=_DEFAULT_ATTEMPTS, metavar="N",
         help="attempts per instance (raise it later to run only the new ones)",
     )  # fmt: skip
     size.add_argument(
-        "--concurrency", type=_positive_int, default=_DEFAULT_CONCURRENCY, metavar="C",
+        "--concurrency", type=positive_int, default=_DEFAULT_CONCURRENCY, metavar="C",
         help="sessions at once (run slots)",
     )  # fmt: skip
     size.add_argument(
-        "--timeout", type=_positive_float, default=_DEFAULT_TIMEOUT_S, metavar="S",
+        "--timeout", type=positive_float, default=_DEFAULT_TIMEOUT_S, metavar="S",
         help="each session's budget in seconds",
     )  # fmt: skip
     size.add_argument(
-        "--test-timeout", type=_positive_float, default=None, metavar="S",
+        "--test-timeout", type=positive_float, default=None, metavar="S",
         help="one run of an instance's tests, in seconds (default: 900)",
     )  # fmt: skip
     size.add_argument(
@@ -81,11 +82,11 @@ def add_parser(sub: Any) -> None:
         help="reruns of a failing test run (flaky tests; default: 0)",
     )  # fmt: skip
     size.add_argument(
-        "--max-turns", type=_positive_int, default=_DEFAULT_MAX_TURNS, metavar="N",
+        "--max-turns", type=positive_int, default=_DEFAULT_MAX_TURNS, metavar="N",
         help="model turns per session, for harnesses that have a limit",
     )  # fmt: skip
     size.add_argument(
-        "--max-tokens", type=_positive_int, default=None, metavar="N",
+        "--max-tokens", type=positive_int, default=None, metavar="N",
         help="output tokens per model call (default: 512 with the embedded engine, else no cap)",
     )  # fmt: skip
     size.add_argument("--temperature", type=float, default=0.7, metavar="T")
@@ -128,7 +129,8 @@ def add_parser(sub: Any) -> None:
         help="a vLLM or SGLang server (default: the embedded engine serving --model)",
     )  # fmt: skip
     engine.add_argument(
-        "--demonstrator", action="store_true",
+        "--demonstrator",
+        action="store_true",
         help="no model: a scripted demonstrator applies each instance's gold patch through the "
         "harness's shell tool (real CLI, real tokens; accepted data in seconds, marked "
         "scripted-demonstrator)",
@@ -147,7 +149,7 @@ def add_parser(sub: Any) -> None:
         help="embedded model: smollm2, tiny, an HF dir or a .gguf",
     )  # fmt: skip
     engine.add_argument(
-        "--threads", type=_positive_int, default=None, metavar="N",
+        "--threads", type=positive_int, default=None, metavar="N",
         help="CPU threads of the embedded engine",
     )  # fmt: skip
 
@@ -206,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     # Wide enough for the acceptance table's eleven columns and a repository name.
     console = Console(width=max(Console().width, 130))
     if not args.engine_url and not args.demonstrator and installed("render"):
-        _quiet_model_loading()
+        quiet_model_loading()
     if not installed("parquet"):
         note = "note: no dataset.parquet without pyarrow: pip install 'polar[parquet]'"
         console.print(note, style="dim", markup=False)
@@ -217,31 +219,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print_summary(outcome, console)
     return 130 if outcome.interrupted else 0
-
-
-def _pair(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"--repo takes OWNER/NAME=PATH, got {text!r}")
-    return name, path
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _quiet_model_loading() -> None:
-    """The live view says what is happening; transformers' own progress bars would garble it."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from polar.cli.arguments import positive_float, positive_int, quiet_model_loading
 from polar.errors import HarnessError, RuntimeStartError
 from polar.extras import installed, require
 from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
@@ -31,23 +32,23 @@ def add_parser(sub: Any) -> None:
     )
     size = p.add_argument_group("run size")
     size.add_argument(
-        "--tasks", type=_positive_int, default=_DEFAULTS.tasks, metavar="N",
+        "--tasks", type=positive_int, default=_DEFAULTS.tasks, metavar="N",
         help="run the first N tasks of the suite",
     )  # fmt: skip
     size.add_argument(
-        "--samples", type=_positive_int, default=_DEFAULTS.samples, metavar="N",
+        "--samples", type=positive_int, default=_DEFAULTS.samples, metavar="N",
         help="sessions per task (a GRPO group)",
     )  # fmt: skip
     size.add_argument(
-        "--max-turns", type=_positive_int, default=_DEFAULTS.max_turns, metavar="N",
+        "--max-turns", type=positive_int, default=_DEFAULTS.max_turns, metavar="N",
         help="model turns per session, for harnesses that have a limit (not Pi)",
     )  # fmt: skip
     size.add_argument(
-        "--timeout", type=_positive_float, default=_DEFAULTS.timeout_s, metavar="S",
+        "--timeout", type=positive_float, default=_DEFAULTS.timeout_s, metavar="S",
         help="each session's budget in seconds, from sandbox start to harness exit",
     )  # fmt: skip
     size.add_argument(
-        "--max-tokens", type=_positive_int, default=_DEFAULTS.max_tokens, metavar="N",
+        "--max-tokens", type=positive_int, default=_DEFAULTS.max_tokens, metavar="N",
         help="output tokens per model call",
     )  # fmt: skip
     size.add_argument(
@@ -55,7 +56,7 @@ def add_parser(sub: Any) -> None:
         help="sampling temperature, imposed on every call",
     )  # fmt: skip
     size.add_argument(
-        "--workers", type=_positive_int, default=None, metavar="N",
+        "--workers", type=positive_int, default=None, metavar="N",
         help="sessions at once (default: all of them, up to 16)",
     )  # fmt: skip
     size.add_argument(
@@ -85,7 +86,7 @@ def add_parser(sub: Any) -> None:
         help="embedded model: smollm2, tiny (a random 2-layer test model), an HF dir or a .gguf",
     )  # fmt: skip
     engine.add_argument(
-        "--threads", type=_positive_int, default=None, metavar="N",
+        "--threads", type=positive_int, default=None, metavar="N",
         help="CPU threads of the embedded engine (default: all cores but one)",
     )  # fmt: skip
     engine.add_argument(
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     )
     console = Console(width=max(Console().width, 100))
     if installed("render"):
-        _quiet_model_loading()
+        quiet_model_loading()
     if not installed("parquet"):
         note = "note: no trajectories.parquet without pyarrow: pip install 'polar[parquet]'"
         console.print(note, style="dim", markup=False)
@@ -155,24 +156,3 @@ def run(args: argparse.Namespace) -> int:
     if outcome.interrupted:
         return 130
     return 0 if outcome.summary.total.traces else 1
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _quiet_model_loading() -> None:
-    """The live view says what is happening; transformers' own progress bars would garble it."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()

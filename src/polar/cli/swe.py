@@ -11,6 +11,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from polar.cli.arguments import repo_path
 from polar.config_loader import load_config, parse_config
 from polar.errors import ConfigError
 from polar.swe.bundled import bundle_repos, bundled_instances
@@ -63,7 +64,7 @@ def add_parser(sub: Any) -> None:
         dest="repos",
         action="extend",
         nargs="+",
-        type=_pair,
+        type=repo_path,
         default=[],
         metavar="OWNER/NAME=PATH",
         help="a local git repository or bundle per repo (local and bubblewrap runtimes)",
@@ -88,13 +89,6 @@ def _instances_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bundled", action="store_true", help="the bundled task set")
     parser.add_argument("--split", help="the dataset split (default: test, or the only one)")
-
-
-def _pair(text: str) -> tuple[str, str]:
-    repo, sep, path = text.partition("=")
-    if not sep or not repo or not path:
-        raise argparse.ArgumentTypeError(f"expected OWNER/NAME=PATH, got {text!r}")
-    return repo, path
 
 
 def _instances(args: argparse.Namespace) -> list[SWEInstance]:
