@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Launch, run_cli, tail_text
+from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Launch, run_cli_checked
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -97,15 +97,8 @@ class ApptainerRuntime(SandboxedRuntime):
 
     async def _seed_from_image(self, path: str) -> None:
         self._need_cli()
-        argv = self.seed_argv(path)
-        code, _, err = await run_cli(argv, timeout_s=SEED_TIMEOUT_S)
-        if code != 0:
-            raise RuntimeStartError(
-                f"copying {path} out of the image {self.spec.image!r} failed (exit {code})",
-                command=" ".join(argv),
-                exit_code=code,
-                stderr_tail=tail_text(err),
-            )
+        failure = f"copying {path} out of the image {self.spec.image!r} failed"
+        await run_cli_checked(self.seed_argv(path), failure, timeout_s=SEED_TIMEOUT_S)
 
     def _need_cli(self) -> None:
         if shutil.which(self.apptainer) is None:
@@ -123,11 +116,7 @@ class ApptainerRuntime(SandboxedRuntime):
 
     async def _boot(self) -> None:
         self._need_cli()
-        code, _, err = await run_cli([self.apptainer, "--version"])
-        if code != 0:
-            raise RuntimeStartError(
-                "apptainer --version failed", exit_code=code, stderr_tail=tail_text(err)
-            )
+        await run_cli_checked([self.apptainer, "--version"], "apptainer --version failed")
         if self.relay is not None:
             await self.relay.start()
 

@@ -186,6 +186,21 @@ async def run_cli(argv: list[str], timeout_s: float = CLI_TIMEOUT_S) -> tuple[in
     return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+async def run_cli_checked(argv: list[str], failure: str, timeout_s: float = CLI_TIMEOUT_S) -> str:
+    """Run a container CLI command that must succeed; its stdout, or a
+    :class:`RuntimeStartError` that says ``failure`` with the command, its exit code and
+    stderr."""
+    code, out, err = await run_cli(argv, timeout_s)
+    if code != 0:
+        raise RuntimeStartError(
+            f"{failure} (exit {code})",
+            command=" ".join(argv),
+            exit_code=code,
+            stderr_tail=tail_text(err),
+        )
+    return out
+
+
 def tail_text(text: str, limit: int = _STDERR_TAIL) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 

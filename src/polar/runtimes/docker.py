@@ -46,7 +46,7 @@ from polar.runtimes.base import (
     Capabilities,
     Launch,
     run_cli,
-    tail_text,
+    run_cli_checked,
 )
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
@@ -170,24 +170,13 @@ class DockerRuntime(SandboxedRuntime):
         the workspace mount hides it."""
         self._need_cli()
         name = f"{self.container}-seed"
-        code, _, err = await run_cli(self.seed_create_argv(name))
-        if code != 0:
-            raise RuntimeStartError(
-                f"docker create of {self.spec.image!r} failed (exit {code})",
-                command=" ".join(self.seed_create_argv(name)),
-                exit_code=code,
-                stderr_tail=tail_text(err),
-            )
+        await run_cli_checked(
+            self.seed_create_argv(name), f"docker create of {self.spec.image!r} failed"
+        )
         try:
             argv = self.cp_argv(f"{name}:{path.rstrip('/')}/.", str(self.workspace_path))
-            code, _, err = await run_cli(argv, timeout_s=SEED_TIMEOUT_S)
-            if code != 0:
-                raise RuntimeStartError(
-                    f"copying {path} out of the image {self.spec.image!r} failed (exit {code})",
-                    command=" ".join(argv),
-                    exit_code=code,
-                    stderr_tail=tail_text(err),
-                )
+            failure = f"copying {path} out of the image {self.spec.image!r} failed"
+            await run_cli_checked(argv, failure, timeout_s=SEED_TIMEOUT_S)
         finally:
             await run_cli([self.docker, "rm", "-f", name])
 
@@ -200,14 +189,7 @@ class DockerRuntime(SandboxedRuntime):
         if self.relay is not None:
             await self.relay.start()
         await asyncio.to_thread(self._hand_over, self.workspace_path, self.home_path)
-        code, _, err = await run_cli(self.run_argv())
-        if code != 0:
-            raise RuntimeStartError(
-                f"docker run of {self.spec.image!r} failed (exit {code})",
-                command=" ".join(self.run_argv()),
-                exit_code=code,
-                stderr_tail=tail_text(err),
-            )
+        await run_cli_checked(self.run_argv(), f"docker run of {self.spec.image!r} failed")
         self._created = True
 
     async def _shutdown(self) -> None:
