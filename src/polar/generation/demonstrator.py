@@ -10,9 +10,15 @@ SFT example in exactly the token layout that model trains on. ``polar generate -
 uses it to give a newcomer an accepted dataset in seconds, and it is the warm-start data of a
 recipe whose model cannot yet use the harness's tools at all. Every row it produces is marked by
 the run's model name (``scripted-demonstrator``) in the ledger and dataset.
+
+:func:`solution_script` is the same demonstrator for any task with a known solution (shell
+commands that solve it): one tool call per command, then a one-line summary. A trainer's warm
+start (:mod:`polar.training.sft`) runs it through the very harness it then trains in.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 from polar.engines.model_files import load_tokenizer
 from polar.engines.registry import EngineConfig
@@ -79,6 +85,20 @@ def demonstrator_script(instances: list[SWEInstance], harness: str) -> Conversat
     if not rules:
         raise ConfigError("no instance has a gold patch for the demonstrator to apply")
     return ConversationScript(rules, default=ScriptedReply(content=SUMMARY))
+
+
+def solution_script(
+    solutions: Mapping[str, Sequence[str]], tool: ShellTool, summary: str = "Done."
+) -> ConversationScript:
+    """Per task (keyed by text only its conversation holds, e.g. its instruction), a call of
+    ``tool`` for each of its solution commands, one per turn, then ``summary``."""
+    rules = {
+        key: [*(ScriptedReply(tool_calls=[tool.call(c)]) for c in commands), ScriptedReply(summary)]
+        for key, commands in solutions.items()
+    }
+    if not rules or not all(solutions.values()):
+        raise ConfigError("the demonstrator needs a solution command for every task")
+    return ConversationScript(rules, default=ScriptedReply(content=summary))
 
 
 def demonstrator_engine(instances: list[SWEInstance], harness: str) -> EngineHandle:

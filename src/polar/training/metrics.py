@@ -1,6 +1,7 @@
 """Where a training run's numbers go: JSON lines (always), TensorBoard (when installed), a PNG.
 
-``metrics.jsonl`` holds one line per training step, ``eval.jsonl`` one per evaluation; both
+``metrics.jsonl`` holds one line per training step, ``eval.jsonl`` one per evaluation,
+``warm_start.jsonl`` the warm start's (demonstrations and SFT epochs) when there is one; all
 are the source of truth the plot and the benchmark read. A resumed run first cuts both back to
 the checkpoint's step, so a step that ran after the last checkpoint is not counted twice.
 """
@@ -19,6 +20,7 @@ log = logging.getLogger("polar.training")
 
 TRAIN_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
+WARM_START_FILE = "warm_start.jsonl"
 PLOT_FILE = "reward_curve.png"
 
 
@@ -37,7 +39,7 @@ class MetricsLog:
 
     def truncate(self, last_step: int) -> None:
         """Forget lines past ``last_step`` (a resumed run redoes those steps)."""
-        for name in (TRAIN_FILE, EVAL_FILE):
+        for name in (TRAIN_FILE, EVAL_FILE, WARM_START_FILE):
             kept = [r for r in read_jsonl(self.out / name) if int(r["step"]) <= last_step]
             with (self.out / name).open("wb") as f:
                 f.writelines(orjson.dumps(r) + b"\n" for r in kept)
@@ -47,6 +49,9 @@ class MetricsLog:
 
     def eval(self, record: Mapping[str, Any]) -> None:
         self._append(EVAL_FILE, record, "eval")
+
+    def sft(self, record: Mapping[str, Any]) -> None:
+        self._append(WARM_START_FILE, record, "sft")
 
     def close(self) -> None:
         if self.writer is not None:

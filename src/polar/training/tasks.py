@@ -6,6 +6,8 @@ A task source is a callable ``(split, step, count, seed) -> list[TaskRequest]``;
 two numbers, and the session passes when the last number in the reply is the sum. SmolLM2-135M
 often answers in prose, with a wrong number, or with none, so it starts low but not at zero;
 replies that spell out ``a + b = c`` are right far more often, which gives GRPO a path to climb.
+The bundled ``tool_use`` family (:mod:`polar.training.tool_use`) asks a real harness for
+workspace chores only a tool call can do.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Literal
 
 from polar.registry import Registry
 from polar.schemas.task import TaskRequest
+from polar.training.tool_use import tool_use
 
 Split = Literal["train", "eval"]
 TaskSource = Callable[..., list[TaskRequest]]
@@ -111,6 +114,7 @@ def swe(split: Split, step: int, count: int, seed: int = 0, **options: Any) -> l
 task_sources: Registry[list[TaskRequest]] = Registry("task source")
 task_sources.add("arithmetic", arithmetic)
 task_sources.add("swe", swe)
+task_sources.add("tool_use", tool_use)
 
 
 def task_source(name: str) -> TaskSource:

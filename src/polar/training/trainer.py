@@ -4,6 +4,8 @@ One process holds one model object. The embedded engine serves it to a gateway n
 rollout server feeds with sessions; harnesses run as real processes in their runtimes and call
 the gateway over loopback. Each step:
 
+0. (optional, once) a warm start: scripted demonstrations of training tasks through their own
+   harness, then SFT on the accepted ones (:mod:`polar.training.sft`);
 1. submit ``tasks.per_step`` tasks of ``tasks.num_samples`` sessions and wait for them;
 2. compute group advantages and loss weights (:mod:`polar.training.advantages`,
    :func:`polar.training.losses.loss_weights`);
@@ -30,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 
 from polar.client import RolloutClient
@@ -50,6 +53,7 @@ from polar.training.checkpoints import (
 from polar.training.gateway_control import GatewayControl
 from polar.training.losses import clipped_policy_loss, loss_weights
 from polar.training.metrics import MetricsLog, plot_rewards
+from polar.training.sft import SFT_FILE, demonstrate, fine_tune
 from polar.training.tasks import task_source
 from polar.training.trainer_config import TrainConfig
 
@@ -127,6 +131,10 @@ class EmbeddedTrainer:
                 try:
                     if cfg.eval.tasks and self.step == 0:  # a resumed run has its "before"
                         summary["evals"].append(self.evaluate(client, stack))
+                    if cfg.sft.tasks and self.step == 0:
+                        summary["sft"] = self.warm_start(control)
+                        if cfg.eval.tasks:
+                            summary["evals"].append(self.evaluate(client, stack, phase="sft"))
                     while self.step < cfg.steps:
                         summary["last"] = self.train_step(client, control)
                         if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
@@ -187,8 +195,61 @@ class EmbeddedTrainer:
         )
         return record
 
-    def evaluate(self, client: RolloutClient, stack: LocalStack) -> dict[str, Any]:
-        """Held-out tasks (the same ones every time), at the eval temperature."""
+    def warm_start(self, control: GatewayControl) -> dict[str, Any]:
+        """Scripted demonstrations of training tasks through their harness, then SFT of the
+        served model on the accepted ones (one policy version)."""
+        cfg = self.config
+        started = time.perf_counter()
+        tasks = self._tasks("sft", 0, cfg.sft.tasks, cfg.sft.demonstrations, source_split="train")
+        rows, results = demonstrate(
+            tasks,
+            self.out / "demonstrations",
+            tokenizer=self.core.tokenizer,
+            model_name=self.core.model_name,
+            context_window=self.core.max_model_len,
+            runtime=cfg.runtime,
+            run_workers=cfg.run_workers,
+            timeout_s=cfg.tasks.timeout_s,
+        )
+        (self.out / SFT_FILE).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        demonstrated = time.perf_counter()
+        epochs: list[dict[str, Any]] = []
+        if rows:
+            with control.weight_update(self.core.policy_version + 1), self.core.weights_update():
+                epochs = fine_tune(
+                    self.module,
+                    rows,
+                    epochs=cfg.sft.epochs,
+                    lr=cfg.sft.lr,
+                    micro_batch_size=cfg.sft.micro_batch_size,
+                    grad_clip=cfg.optim.grad_clip,
+                    pad_id=int(self.core.tokenizer.pad_token_id or 0),
+                    seed=cfg.seed,
+                )
+        record = {
+            "step": 0,
+            "policy_version": self.core.policy_version,
+            **_outcomes(results),
+            "rows": len(rows),
+            "epochs": epochs,
+            "demonstrate_s": demonstrated - started,
+            "sft_s": time.perf_counter() - demonstrated,
+        }
+        assert self.metrics is not None
+        self.metrics.sft(record)
+        loss = f", loss {epochs[0]['loss']:.3f} -> {epochs[-1]['loss']:.3f}" if epochs else ""
+        self.echo(
+            f"warm start: {record['rows']} demonstration rows from {record['sessions']} sessions "
+            f"(pass {record['pass_rate']:.2f}, {record['calls_per_trace']:.1f} calls per trace)"
+            f"{loss}"
+        )
+        return record
+
+    def evaluate(
+        self, client: RolloutClient, stack: LocalStack, phase: str | None = None
+    ) -> dict[str, Any]:
+        """Held-out tasks (the same ones every time), at the eval temperature; ``phase``
+        labels an evaluation that is not simply "at this step" (``sft``: after the warm start)."""
         cfg = self.config
         started = time.perf_counter()
         tasks = self._tasks("eval", 0, cfg.eval.tasks, cfg.eval.num_samples, tag=f"s{self.step}")
@@ -204,6 +265,7 @@ class EmbeddedTrainer:
             policy.temperature = saved
         record = {
             "step": self.step,
+            **({"phase": phase} if phase else {}),
             "policy_version": self.core.policy_version,
             **_outcomes(results),
             "eval_s": time.perf_counter() - started,
@@ -333,10 +395,16 @@ class EmbeddedTrainer:
     # -- tasks, checkpoints ----------------------------------------------------------------
 
     def _tasks(
-        self, split: str, step: int, count: int, num_samples: int, tag: str = ""
+        self,
+        split: str,
+        step: int,
+        count: int,
+        num_samples: int,
+        tag: str = "",
+        source_split: str | None = None,
     ) -> list[TaskRequest]:
         cfg = self.config
-        tasks = self.source(split, step, count, cfg.seed, **cfg.tasks.options)
+        tasks = self.source(source_split or split, step, count, cfg.seed, **cfg.tasks.options)
         out = []
         for i, task in enumerate(tasks):
             task_id = f"{split}{tag}-{step}-{i}"
@@ -388,6 +456,28 @@ def _outcomes(results: Sequence[SessionResult]) -> dict[str, Any]:
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "pass_rate": sum(passed) / len(passed) if passed else 0.0,
+        **_session_shape(results),
+    }
+
+
+def _session_shape(results: Sequence[SessionResult]) -> dict[str, Any]:
+    """How long sessions were and how well their calls merged: model calls per session and per
+    trace, traces per session, and merge breaks (a chain that had to start a new segment: a
+    retry, a prompt that did not extend the last one, drift) summed over the sessions."""
+    trajectories = [r.trajectory for r in results if r.trajectory is not None]
+    traces = [t for traj in trajectories for t in traj.traces]
+    calls = [int(traj.metadata.get("num_calls", 0)) for traj in trajectories]
+    breaks = Counter[str]()
+    for traj in trajectories:
+        breaks.update(traj.metadata.get("breaks") or {})
+    return {
+        "calls_per_session": statistics.fmean(calls) if calls else 0.0,
+        "calls_per_trace": (
+            statistics.fmean(int(t.metadata.get("num_calls", 1)) for t in traces) if traces else 0.0
+        ),
+        "traces_per_session": len(traces) / len(trajectories) if trajectories else 0.0,
+        "merge_breaks": sum(breaks.values()),
+        "merge_break_reasons": dict(sorted(breaks.items())),
     }
 
 

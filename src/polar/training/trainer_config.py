@@ -59,6 +59,19 @@ class OptimConfig(BaseModel):
     micro_batch_size: int = Field(8, ge=1, description="Traces per forward/backward.")
 
 
+class SFTConfig(BaseModel):
+    """A warm start before GRPO: demonstrations through the tasks' own harness by a scripted
+    demonstrator (each task's ``solution`` commands), then SFT on the accepted ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: int = Field(0, ge=0, description="Training tasks to demonstrate; 0: no warm start.")
+    demonstrations: int = Field(1, ge=1, description="Demonstrated sessions per task.")
+    epochs: int = Field(1, ge=1, description="Passes over the accepted demonstrations.")
+    lr: float = Field(1e-4, gt=0)
+    micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward and step.")
+
+
 class CheckpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -85,6 +98,7 @@ class TrainConfig(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @classmethod

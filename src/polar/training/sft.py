@@ -1,0 +1,145 @@
+"""A warm start: scripted demonstrations through the real harness, then SFT of the served model.
+
+When GRPO has no signal at the start (a model that never calls a tool scores 0 everywhere),
+the trainer first shows it what a solved task looks like in the harness's own protocol:
+
+1. **Demonstrate.** Training tasks (never held-out ones) run through their own harness and
+   runtime, exactly as rollouts do, but the engine is a *scripted demonstrator*
+   (:func:`polar.generation.demonstrator.solution_script`), not a model: it answers each call
+   of a task's session with a call of the harness's shell tool running the next of the task's
+   ``solution`` commands, then with a one-line summary. The CLI really runs the commands and
+   the task's own check grades the workspace; only sessions that pass are kept. The tokens are
+   the served model's: the scripted engine renders prompts with its tokenizer and chat
+   template and samples by tokenizing the reply, so a kept session's prefix-merged trace is an
+   SFT row in exactly the layout the model sees (``input_ids`` and ``assistant_masks``, the
+   :class:`~polar.trajectory.exporters.sft.SFTExporter` row).
+2. **Fine-tune.** Cross-entropy over the assistant-mask tokens (the sampled turns; the prompt,
+   tool results and template tokens between turns are masked), a few epochs, its own AdamW.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar.client import RolloutClient
+from polar.engines.registry import EngineConfig
+from polar.engines.scripted import ScriptedBackend, ScriptedEngine
+from polar.errors import ConfigError
+from polar.generation.demonstrator import shell_tool, solution_script
+from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.stack.local import LocalStack
+from polar.trajectory.exporters.sft import SFTExporter
+
+SFT_FILE = "sft.jsonl"
+"""The accepted demonstrations, as SFT rows, in the run's output directory."""
+
+
+def demonstrate(
+    tasks: Sequence[TaskRequest],
+    work: Path,
+    *,
+    tokenizer: Any,
+    model_name: str,
+    context_window: int,
+    runtime: str | None,
+    run_workers: int,
+    timeout_s: float,
+) -> tuple[list[dict[str, Any]], list[SessionResult]]:
+    """Run ``tasks`` through their harness with the scripted demonstrator as the engine; the
+    SFT rows of the sessions whose check passed, and every session's result."""
+    harnesses = {t.agent.harness or "" for t in tasks}
+    if len(harnesses) != 1:
+        raise ConfigError(f"a warm start needs tasks of one harness, not {sorted(harnesses)}")
+    missing = [t.task_id for t in tasks if not t.metadata.get("solution")]
+    if missing:
+        raise ConfigError(
+            f"sft needs tasks with a known solution (metadata.solution: shell commands); "
+            f"{missing[0]} has none"
+        )
+    solutions = {t.instruction: list(t.metadata["solution"]) for t in tasks}
+    script = solution_script(solutions, shell_tool(harnesses.pop()))
+    backend = ScriptedBackend(
+        script, tokenizer=tokenizer, model_name=model_name, max_model_len=context_window
+    )
+    stack = LocalStack(
+        ScriptedEngine(backend),
+        work,
+        engine_config=EngineConfig(kind="scripted"),
+        served_model=model_name,
+        context_window=context_window,
+        runtime=runtime,
+        run_workers=run_workers,
+    )
+    with stack, RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
+        results = [r for t in client.run(list(tasks), timeout_s) for r in t.results]
+    accepted = [r.trajectory for r in results if passed(r) and r.trajectory is not None]
+    return list(SFTExporter().rows(accepted)), results
+
+
+def passed(result: SessionResult) -> bool:
+    """Whether a session completed and its task's check passed."""
+    return result.status == SessionStatus.COMPLETED and bool(
+        result.metadata.get("passed", (result.reward or 0) > 0)
+    )
+
+
+def sft_loss(module: Any, rows: Sequence[dict[str, Any]], pad_id: int) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the rows' assistant-mask tokens, and how many there were."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        ids[i, :n] = torch.tensor(row["input_ids"])
+        attention[i, :n] = 1
+        mask[i, :n] = torch.tensor(row["assistant_masks"])
+    logits = module(input_ids=ids, attention_mask=attention, use_cache=False).logits
+    # logits at p predict token p + 1: a masked token at p + 1 is scored from position p
+    targets, keep = ids[:, 1:], mask[:, 1:].bool()
+    losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), targets, reduction="none"
+    )
+    tokens = int(keep.sum())
+    return torch.where(keep, losses, torch.zeros_like(losses)).sum() / max(tokens, 1), tokens
+
+
+def fine_tune(
+    module: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    epochs: int,
+    lr: float,
+    micro_batch_size: int,
+    grad_clip: float,
+    pad_id: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """``epochs`` passes of SFT over ``rows`` (one optimizer step per micro-batch); one record
+    of mean loss per epoch."""
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
+    rng = random.Random(seed)
+    records = []
+    for epoch in range(1, epochs + 1):
+        order = list(rows)
+        rng.shuffle(order)
+        losses, tokens = [], 0
+        for start in range(0, len(order), micro_batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss, n = sft_loss(module, order[start : start + micro_batch_size], pad_id)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            tokens += n
+        records.append(
+            {"epoch": epoch, "loss": statistics.fmean(losses) if losses else 0.0, "tokens": tokens}
+        )
+    optimizer.zero_grad(set_to_none=True)
+    return records

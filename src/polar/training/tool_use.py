@@ -1,0 +1,188 @@
+"""The ``tool_use`` task family: small workspace chores that only a tool call can do.
+
+Each task asks a real harness (Pi by default; any preset with a shell tool) to do one thing
+in its workspace, and a ``test_on_output`` command checks the workspace afterwards, so a
+reply in prose scores 0 however right it sounds:
+
+- ``write``: "Create a file named notes.txt containing the word apple."
+- ``count``: "Read data.txt and write its number of lines into answer.txt." (file seeded)
+- ``run``: "Run `python3 show.py` and write what it prints into answer.txt." (script seeded)
+
+The held-out split is fixed by a hash of each task's parameters (about one in five), so no
+eval task is ever trained on, whatever the seed or step. Every task carries its ``solution``
+(shell commands that solve it) in its metadata: what the scripted demonstrator of a warm start
+(:mod:`polar.training.sft`) runs through the harness's own shell tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from polar.errors import ConfigError
+from polar.schemas.task import TaskRequest
+
+KINDS = ("write", "count", "run")
+WORDS = (
+    "apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano",
+    "ocean", "amber", "cedar", "delta", "ember", "frost", "grape", "honey",
+)  # fmt: skip
+FILES = ("notes.txt", "word.txt", "out.txt", "result.txt", "hello.txt", "memo.txt")
+DATA = ("data.txt", "list.txt", "lines.txt", "items.txt")
+SCRIPTS = ("show.py", "main.py", "say.py", "calc.py")
+EVAL_SHARE = 5
+"""One parameter set in ``EVAL_SHARE`` (by hash) is held out."""
+
+# Pi's stock prompt and four tools come to ~1.5k SmolLM2 tokens; one line and two tools keep a
+# CPU call short (the quickstart's PI_COMPACT).
+PI_SETTINGS: dict[str, Any] = {
+    "tools": ["bash", "write"],
+    "extra_args": [
+        "--system-prompt",
+        "You are a coding agent. Use the tools to work on files in the current directory.",
+    ],
+}
+
+_CHECK = (
+    'python3 -c "import sys; t = open({path!r}).read().strip(); '
+    'sys.exit(0 if t == {expected!r} else 1)"'
+)
+
+
+@dataclass(frozen=True)
+class Chore:
+    """One task's parameters, what it asks, how it is solved and what passes it."""
+
+    kind: str
+    params: tuple[Any, ...]
+    instruction: str
+    files: dict[str, str]
+    solution: list[str]
+    path: str  # the file the check reads
+    expected: str
+
+    @property
+    def held_out(self) -> bool:
+        key = f"{self.kind}:{self.params}".encode()
+        return int(hashlib.sha256(key).hexdigest(), 16) % EVAL_SHARE == 0
+
+    @property
+    def check(self) -> str:
+        return _CHECK.format(path=self.path, expected=self.expected)
+
+
+def chores() -> Iterator[Chore]:
+    """Every task of the family, in a fixed order."""
+    for name in FILES:
+        for word in WORDS:
+            yield Chore(
+                "write",
+                (name, word),
+                f"Create a file named {name} containing the word {word}.",
+                {},
+                [f"echo {word} > {name}"],
+                name,
+                word,
+            )
+    for data in DATA:
+        for lines in range(2, 10):
+            body = "".join(f"{WORDS[(i * 5 + lines) % len(WORDS)]}\n" for i in range(lines))
+            yield Chore(
+                "count",
+                (data, lines),
+                f"Read {data} and write its number of lines into answer.txt.",
+                {data: body},
+                [f"wc -l < {data} > answer.txt"],
+                "answer.txt",
+                str(lines),
+            )
+    for script in SCRIPTS:
+        for a in range(2, 8):
+            for word in WORDS[::3]:
+                printed = f"{word}{a * 7}"
+                yield Chore(
+                    "run",
+                    (script, a, word),
+                    f"Run `python3 {script}` and write what it prints into answer.txt.",
+                    {script: f"print({word!r} + str({a} * 7))\n"},
+                    [f"python3 {script} > answer.txt"],
+                    "answer.txt",
+                    printed,
+                )
+
+
+def split_chores(split: str, kinds: tuple[str, ...] = KINDS) -> list[Chore]:
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ConfigError(f"unknown tool_use kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
+    return [c for c in chores() if c.kind in kinds and c.held_out == (split == "eval")]
+
+
+def tool_use(
+    split: str,
+    step: int,
+    count: int,
+    seed: int = 0,
+    *,
+    harness: str = "pi",
+    settings: dict[str, Any] | None = None,
+    kinds: list[str] | None = None,
+    runtime: str = "bubblewrap",
+    ro_binds: list[str] | None = None,
+    num_samples: int = 4,
+    timeout_s: float = 300.0,
+) -> list[TaskRequest]:
+    """``count`` tool-use tasks through ``harness`` (settings default to a compact Pi).
+
+    In bubblewrap the harness install (``ro_binds``, default the Polar harness prefix) is bound
+    in read-only. The eval split is the same tasks in the same order for every call.
+    """
+    from polar.harnesses.install import default_prefix
+    from polar.harnesses.registry import CLI_PRESETS, create_harness
+
+    if harness not in CLI_PRESETS or create_harness(harness).shell_tool is None:
+        raise ConfigError(f"tool_use needs a harness preset with a shell tool, not {harness!r}")
+    by_kind = [split_chores(split, (kind,)) for kind in kinds or KINDS]
+    if split == "eval":  # the same tasks every time, the kinds taking turns
+        shuffler = random.Random(f"tool_use-eval:{seed}")
+        for pool in by_kind:
+            shuffler.shuffle(pool)
+        chosen = [
+            by_kind[i % len(by_kind)][i // len(by_kind) % len(by_kind[i % len(by_kind)])]
+            for i in range(count)
+        ]
+    else:  # a kind, then a task of that kind: each kind as likely whatever its size
+        rng = random.Random(f"{seed}:{split}:{step}")
+        chosen = [rng.choice(rng.choice(by_kind)) for _ in range(count)]
+    runtime_spec: dict[str, Any] = {"kind": runtime, "network": "gateway"}
+    if runtime == "bubblewrap":
+        runtime_spec["options"] = {"ro_binds": ro_binds or [str(default_prefix())]}
+    if settings is None:
+        settings = PI_SETTINGS if harness == "pi" else {}
+    tasks = []
+    for i, chore in enumerate(chosen):
+        tasks.append(
+            TaskRequest.model_validate(
+                {
+                    "task_id": f"{split}-{seed}-{step}-{i}",
+                    "instruction": chore.instruction,
+                    "num_samples": num_samples,
+                    "timeout_seconds": timeout_s,
+                    "runtime": {**runtime_spec, "files": dict(chore.files)},
+                    "agent": {"harness": harness, "settings": dict(settings)},
+                    "builder": {"strategy": "prefix_merging"},
+                    "evaluator": {
+                        "strategy": "test_on_output",
+                        "config": {"command": chore.check, "timeout_s": 30},
+                    },
+                    "metadata": {
+                        "kind": chore.kind,
+                        "solution": list(chore.solution),
+                    },
+                }
+            )
+        )
+    return tasks
