@@ -132,6 +132,19 @@ def test_lookup_finds_longest_common_prefix_within_limit() -> None:
     assert (cache.hits, cache.misses, cache.reused_tokens) == (2, 1, 7)
 
 
+def test_match_length_plans_without_counting_or_reordering() -> None:
+    cache = PrefixCache(max_entries=2)
+    cache.store([1, 2, 3, 4], cache_with([1, 2, 3, 4]), policy_version=0)
+    cache.store([5, 6], cache_with([5, 6]), policy_version=0)
+    assert cache.match_length([1, 2, 3, 9], policy_version=0, limit=8) == 3
+    assert cache.match_length([1, 2, 3, 4, 5], policy_version=0, limit=2) == 2
+    assert cache.match_length([1, 2], policy_version=1, limit=2) == 0
+    assert cache.match_length([7], policy_version=0, limit=1) == 0
+    assert (cache.hits, cache.misses, cache.reused_tokens) == (0, 0, 0)
+    cache.store([8], cache_with([8]), policy_version=0)  # [1, 2, 3, 4] is still the oldest
+    assert cache.match_length([1, 2], policy_version=0, limit=2) == 0
+
+
 def test_entries_of_another_policy_version_are_never_reused() -> None:
     cache = PrefixCache(max_entries=4)
     cache.store([1, 2, 3], cache_with([1, 2, 3]), policy_version=0)

@@ -9,6 +9,12 @@ one), so concurrent sessions share the model and a long generation does not star
 A full queue refuses new work with :class:`RateLimited` and a Retry-After estimate instead of
 growing without bound.
 
+Concurrent prompts that begin alike (a GRPO group, a batch of sessions of one harness) share
+their prefill: every prompt's keys and values go into the prefix cache as soon as it is read,
+a new request starts from the longest prefix that the cache or another request's ongoing
+prefill holds, and a request whose prompt mostly repeats one still being read waits for it
+instead of computing the same positions again.
+
 Every completion records the policy version that produced it. :meth:`weights_update` lets a
 trainer in the same process change the weights between generations: it waits for in-flight
 generations to finish, holds new ones back, and on exit drops every cached prefix (their keys
@@ -30,12 +36,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
 from polar.engines.embedded.kv_cache import (
     BatchCache,
     BufferCache,
     PrefixCache,
+    common_prefix_length,
+    copy_prefix,
     load_prefix,
     supports_buffer_cache,
 )
@@ -48,6 +57,9 @@ from polar.rendering.tool_text import parse_tool_calls
 
 # Decode rows start with room for this many new tokens and grow when a generation needs more.
 INITIAL_DECODE_ROOM = 256
+# A request waits for another's prefill only to skip at least this many prompt tokens, and at
+# least half of what it would otherwise compute.
+SHARE_MIN_TOKENS = 32
 
 
 @dataclass
@@ -107,6 +119,7 @@ class _Job:
     cache: Any = None  # its own cache while prefilling (and decoding, when not batched)
     position: int = 0  # prompt tokens run so far
     reused: int = 0
+    _tokens: np.ndarray | None = None
     rows: list[_Row] = field(default_factory=list)
     sampled: int = 0  # decode steps taken (tokens sampled per row)
     last_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
@@ -122,6 +135,22 @@ class _Job:
 
     def fail(self, error: Exception) -> None:
         self.outcome, self.done, self.failed = error, True, True
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The prompt ids as an array, for prefix comparisons."""
+        if self._tokens is None:
+            self._tokens = np.asarray(self.prompt.ids, dtype=np.int64)
+        return self._tokens
+
+    @property
+    def prefilling(self) -> bool:
+        """Started reading its prompt and not finished: its cache holds ``position`` tokens."""
+        return self.cache is not None and not self.decoding and not self.done
+
+    def shared_with(self, other: _Job) -> int:
+        """Leading prompt tokens the two requests have in common."""
+        return common_prefix_length(self.tokens, other.tokens)
 
 
 class EmbeddedEngineCore:
@@ -166,6 +195,14 @@ class EmbeddedEngineCore:
         self._batch_jobs: list[_Job] = []
         self._decode_steps = 0
         self._decoded_rows = 0
+        self._prefill = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "computed_tokens": 0,
+            "reused_tokens": 0,
+            "reused_in_flight_tokens": 0,
+            "held_rounds": 0,
+        }
 
     @classmethod
     def from_source(
@@ -193,6 +230,11 @@ class EmbeddedEngineCore:
     @property
     def policy_version(self) -> int:
         return self._policy_version
+
+    @property
+    def _sharing(self) -> bool:
+        """Whether prompts may reuse each other's keys and values (``kv_cache_entries`` > 0)."""
+        return self._buffered and self.prefix_cache.max_entries > 0
 
     def bump_policy_version(self) -> int:
         """Mark the weights as changed: later completions carry the new version."""
@@ -365,6 +407,7 @@ class EmbeddedEngineCore:
             "active": active,
             "paused": self._paused > 0,
             "batched_decode": {"steps": self._decode_steps, "rows": self._decoded_rows},
+            "prefill": dict(self._prefill),
             "prefix_cache": {
                 "entries": len(cache),
                 "bytes": cache.nbytes,
@@ -431,14 +474,17 @@ class EmbeddedEngineCore:
             _settle(job.future, error)
 
     def _run_round(self, jobs: list[_Job]) -> None:
-        """One prefill chunk for every job still reading its prompt, then one decode step for
-        every job generating (all batched rows in a single forward pass)."""
+        """One prefill chunk for every job still reading its prompt (but those waiting for a
+        shared prefix), then one decode step for every job generating (all batched rows in a
+        single forward pass)."""
         for job in jobs:
             if job.future.cancelled():
                 job.done = True
+            elif job.cache is None and not job.decoding and self._waits(job, jobs):
+                self._prefill["held_rounds"] += 1
             elif not job.decoding:
                 try:
-                    self._prefill_step(job)
+                    self._prefill_step(job, jobs)
                 except Exception as exc:
                     job.fail(exc)
         decoding = [job for job in jobs if job.decoding and not job.done]
@@ -456,16 +502,42 @@ class EmbeddedEngineCore:
                 except Exception as exc:
                     job.fail(exc)
 
-    def _prefill_step(self, job: _Job) -> None:
+    def _waits(self, job: _Job, jobs: list[_Job]) -> bool:
+        """Whether ``job`` should not start yet: another job is reading a prompt that shares a
+        longer prefix with it than any cache holds, is not yet past that prefix, and waiting
+        for it saves most of this job's prefill. Asked at the job's turn in the round, so jobs
+        earlier in the round have read their chunk; of a group arriving together, the first
+        starts and the others wait for it."""
+        if not self._sharing:
+            return False
+        version = self._policy_version
+        limit = len(job.prompt.ids) - 1
+        cached = self.prefix_cache.match_length(job.prompt.ids, version, limit)
+        ready = later = cached
+        for reader in jobs:
+            if reader is job or not reader.prefilling or reader.version != version:
+                continue
+            shared = min(job.shared_with(reader), limit)
+            ready = max(ready, min(shared, reader.position))
+            later = max(later, shared)
+        gain = later - cached
+        worth = gain >= SHARE_MIN_TOKENS and 2 * gain >= len(job.prompt.ids) - cached
+        return worth and ready < later
+
+    def _prefill_step(self, job: _Job, jobs: list[_Job]) -> None:
         prompt = job.prompt.ids
         if job.cache is None:
             job.started = time.perf_counter()
             job.version = self._policy_version
-            job.cache, job.reused = self._start_cache(prompt, job.max_tokens, job.version)
+            job.cache, job.reused = self._start_cache(job, jobs)
             job.position = job.reused
+            self._prefill["requests"] += 1
+            self._prefill["prompt_tokens"] += len(prompt)
+            self._prefill["reused_tokens"] += job.reused
         chunk = prompt[job.position : job.position + self.prefill_chunk]
         logits = self._forward(torch.tensor([chunk]), job.cache)
         job.position += len(chunk)
+        self._prefill["computed_tokens"] += len(chunk)
         if job.position < len(prompt):
             return
         job.prefilled = time.perf_counter()
@@ -478,8 +550,9 @@ class EmbeddedEngineCore:
             job.decoding = True
             return
         prefix = job.cache.prefix(len(prompt))
-        if n > 1:  # the choices share only the prompt
-            self.prefix_cache.store(prompt, prefix, job.version)
+        # Stored now, not only when the generation ends, so that concurrent requests with the
+        # same beginning reuse it (a finished generation's longer entry replaces it).
+        self.prefix_cache.store(prompt, prefix, job.version)
         room = min(job.max_tokens, INITIAL_DECODE_ROOM)
         job.first_row = self._batch.add(prefix, copies=n, room=room)
         self._batch_jobs.append(job)
@@ -577,15 +650,30 @@ class EmbeddedEngineCore:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         return BatchCache(self._num_layers, heads, head_dim, self.module.dtype)
 
-    def _start_cache(self, prompt: list[int], max_tokens: int, version: int) -> tuple[Any, int]:
-        """A cache holding the longest reusable prefix of ``prompt`` (at least one token is left
-        to run, since its logits start the generation)."""
+    def _start_cache(self, job: _Job, jobs: list[_Job]) -> tuple[Any, int]:
+        """A cache holding the longest reusable prefix of the job's prompt, from the prefix
+        cache or from another job's prefill in progress (at least one token is left to run,
+        since its logits start the generation)."""
+        prompt = job.prompt.ids
         if not self._buffered:
             from transformers import DynamicCache
 
             return DynamicCache(config=self.module.config), 0
         cache = BufferCache(self._num_layers, len(prompt))
-        match = self.prefix_cache.lookup(prompt, version, limit=len(prompt) - 1)
+        limit = len(prompt) - 1
+        donor, length = None, 0
+        for other in jobs if self._sharing else ():
+            if other is not job and other.prefilling and other.version == job.version:
+                shared = min(job.shared_with(other), other.position, limit)
+                if shared > length:
+                    donor, length = other, shared
+        if donor is not None and length > self.prefix_cache.match_length(
+            prompt, job.version, limit
+        ):
+            copy_prefix(cache, donor.cache.prefix(length), length)
+            self._prefill["reused_in_flight_tokens"] += length
+            return cache, length
+        match = self.prefix_cache.lookup(prompt, job.version, limit=limit)
         if match is None:
             return cache, 0
         load_prefix(cache, match)

@@ -300,18 +300,12 @@ class PrefixCache:
         return self._bytes
 
     def lookup(self, tokens: Sequence[int], policy_version: int, limit: int) -> PrefixMatch | None:
-        """The entry sharing the longest prefix with ``tokens`` (at most ``limit`` positions)."""
+        """The entry sharing the longest prefix with ``tokens`` (at most ``limit`` positions),
+        counted as a hit or a miss and marked as recently used."""
         if self.max_entries <= 0 or limit <= 0:
             return None
-        query = np.asarray(tokens, dtype=np.int64)
         with self._lock:
-            best: tuple[int, int] | None = None
-            for key, entry in self._entries.items():
-                if entry.policy_version != policy_version:
-                    continue
-                length = min(common_prefix_length(query, entry.tokens), limit)
-                if length > 0 and (best is None or length > best[0]):
-                    best = (length, key)
+            best = self._longest(tokens, policy_version, limit)
             if best is None:
                 self.misses += 1
                 return None
@@ -320,6 +314,28 @@ class PrefixCache:
             self.hits += 1
             self.reused_tokens += length
             return PrefixMatch(self._entries[key], length)
+
+    def match_length(self, tokens: Sequence[int], policy_version: int, limit: int) -> int:
+        """How many leading positions of ``tokens`` a :meth:`lookup` would reuse now, without
+        counting or touching anything (the scheduler asks this to plan)."""
+        if self.max_entries <= 0 or limit <= 0:
+            return 0
+        with self._lock:
+            best = self._longest(tokens, policy_version, limit)
+        return 0 if best is None else best[0]
+
+    def _longest(
+        self, tokens: Sequence[int], policy_version: int, limit: int
+    ) -> tuple[int, int] | None:
+        query = np.asarray(tokens, dtype=np.int64)
+        best: tuple[int, int] | None = None
+        for key, entry in self._entries.items():
+            if entry.policy_version != policy_version:
+                continue
+            length = min(common_prefix_length(query, entry.tokens), limit)
+            if length > 0 and (best is None or length > best[0]):
+                best = (length, key)
+        return best
 
     def store(
         self,
@@ -356,8 +372,16 @@ class PrefixCache:
 
 def load_prefix(cache: BufferCache, match: PrefixMatch) -> None:
     """Fill an empty buffer cache with the first ``match.length`` positions of ``match.entry``."""
-    for layer, (keys, values) in zip(cache.buffers, match.entry.layers, strict=True):
-        layer.load(keys[:, :, : match.length], values[:, :, : match.length])
+    copy_prefix(cache, match.entry.layers, match.length)
+
+
+def copy_prefix(
+    cache: BufferCache, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int
+) -> None:
+    """Fill an empty buffer cache with a copy of the first ``length`` positions of ``layers``
+    (each layer's keys and values, batch 1): a cached entry, or another prompt's prefill."""
+    for layer, (keys, values) in zip(cache.buffers, layers, strict=True):
+        layer.load(keys[:, :, :length], values[:, :, :length])
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
