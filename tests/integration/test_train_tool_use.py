@@ -1,0 +1,100 @@
+"""The tool-use recipe in short, through real Pi in bubblewrap: a scripted warm start (tool
+calls the CLI really runs, graded by each task's own check, kept as prefix-merged multi-call
+SFT rows), one SFT epoch on the served tiny model, one GRPO step, and the session-shape
+metrics of both."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+
+from polar.capture.store import CaptureStore
+from polar.cli.train import load_config
+from polar.engines.embedded import load_model
+from polar.harnesses.install import default_prefix, install
+from polar.rendering.chat_template import render_prompt
+from polar.training.metrics import read_jsonl
+from polar.training.trainer import EmbeddedTrainer
+from polar.training.trainer_config import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pi_prefix() -> Path:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: the harness install step needs it")
+    return install(["pi"], default_prefix(), echo=lambda line: None)
+
+
+def test_warm_start_then_grpo_through_pi_in_bubblewrap(tmp_path: Path, pi_prefix: Path) -> None:
+    out = tmp_path / "run"
+    config = TrainConfig.model_validate(
+        {
+            "model": "tiny",
+            "steps": 1,
+            "output_dir": str(out),
+            "run_workers": 3,
+            "tensorboard": False,
+            "tasks": {
+                "source": "tool_use",
+                "options": {"ro_binds": [str(pi_prefix)], "timeout_s": 240},
+                "per_step": 1,
+                "num_samples": 2,
+                "timeout_s": 600,
+            },
+            "sampling": {"max_tokens": 8, "temperature": 1.0},
+            "sft": {"tasks": 3, "epochs": 1, "lr": 1e-3, "micro_batch_size": 2},
+            "optim": {"micro_batch_size": 2},
+            "checkpoint": {"every": 0},
+        }
+    )
+    trainer = EmbeddedTrainer(config, loaded=load_model("tiny"))
+    summary = trainer.run()
+
+    # The demonstrator solved every task through Pi's bash tool: two calls (the tool call, then
+    # the summary) merged into one trace per session, with no merge break.
+    (warm,) = read_jsonl(out / "warm_start.jsonl")
+    assert warm["sessions"] == 3 and warm["pass_rate"] == 1.0, warm
+    assert warm["calls_per_session"] == 2.0 and warm["calls_per_trace"] == 2.0
+    assert warm["traces_per_session"] == 1.0 and warm["merge_breaks"] == 0
+    assert warm["rows"] == 3 and warm["epochs"][0]["tokens"] > 0
+    assert summary["sft"]["rows"] == 3
+
+    rows = [orjson.loads(line) for line in (out / "sft.jsonl").read_bytes().splitlines()]
+    store = CaptureStore(out / "demonstrations" / "captures.db")
+    try:
+        for row in rows:
+            records = store.records(row["session"]["session_id"])
+            assert len(records) == 2
+            ids, mask = row["input_ids"], row["assistant_masks"]
+            # exact engine tokens: the first prompt as the engine saw it, then each call's
+            # sampled ids at the trainable positions, the tool result between them masked
+            assert ids[: row["prompt_length"]] == records[0].prompt_ids
+            sampled = [t for t, m in zip(ids, mask, strict=True) if m]
+            assert sampled == records[0].sampled_ids + records[1].sampled_ids
+            assert ids[: len(records[1].prompt_ids)] == records[1].prompt_ids
+            assert '"name": "bash"' in trainer.core.tokenizer.decode(records[0].sampled_ids)
+            # ... and the layout the served model itself renders for that conversation
+            prompt = row["messages"][: row["num_prompt_messages"]]
+            rendered = render_prompt(trainer.core.tokenizer, prompt, row["tools"] or None)
+            assert rendered.ids == records[0].prompt_ids
+    finally:
+        store.close()
+
+    # SFT was one policy version, the GRPO step the next; the step reports session shape.
+    (step,) = read_jsonl(out / "metrics.jsonl")
+    assert trainer.core.policy_version == 2 and step["policy_version"] == 2
+    assert step["sessions"] == 2 and step["calls_per_session"] >= 1.0
+    assert step["calls_per_trace"] >= 1.0 and step["merge_breaks"] >= 0
+    assert step["logprob_mismatch_max"] < 1e-3
+
+
+def test_bundled_tool_use_config_loads() -> None:
+    config = load_config("tool_use")
+    assert config.tasks.source == "tool_use" and config.sft.tasks > 0

@@ -1,0 +1,89 @@
+"""The tool_use task family (splits, checks, solutions), the demonstrator's script, and the SFT
+loss (the shared-prefix forward gives a full forward's loss and gradient)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from polar.engines.embedded import load_model
+from polar.generation.demonstrator import solution_script
+from polar.harnesses.base import ShellTool
+from polar.training import sft
+from polar.training.tasks import task_source
+from polar.training.tool_use import KINDS, chores, split_chores
+
+
+def test_the_held_out_split_is_fixed_and_disjoint() -> None:
+    train, held = split_chores("train"), split_chores("eval")
+    assert {c.params for c in train}.isdisjoint({c.params for c in held})
+    assert len(train) + len(held) == len(list(chores()))
+    assert {c.kind for c in held} == set(KINDS)  # every kind is evaluated
+    source = task_source("tool_use")
+    first = [t.instruction for t in source("eval", 0, 9, seed=3)]
+    assert first == [t.instruction for t in source("eval", 5, 9, seed=3)]  # any step
+    eval_files = {tuple(sorted(t.runtime.files.items())) for t in source("eval", 0, 50)}
+    for step in range(1, 6):
+        for task in source("train", step, 16):
+            assert task.agent.harness == "pi" and task.runtime.kind == "bubblewrap"
+            assert task.runtime.options["ro_binds"]
+            if task.runtime.files:
+                assert tuple(sorted(task.runtime.files.items())) not in eval_files
+
+
+@pytest.mark.parametrize("chore", [next(c for c in chores() if c.kind == k) for k in KINDS])
+def test_each_solution_passes_its_check_and_nothing_else_does(
+    chore: object, tmp_path: Path
+) -> None:
+    def check() -> int:
+        return subprocess.run(chore.check, shell=True, cwd=tmp_path).returncode  # type: ignore[attr-defined]
+
+    for name, body in chore.files.items():  # type: ignore[attr-defined]
+        (tmp_path / name).write_text(body)
+    assert check() != 0  # needs the tool call
+    for command in chore.solution:  # type: ignore[attr-defined]
+        subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    assert check() == 0
+
+
+def test_the_demonstrator_calls_the_shell_tool_per_command_then_summarises() -> None:
+    script = solution_script({"task A": ["echo a > a", "cat a"]}, ShellTool("bash", "command"))
+    assert script.choose("... task A ...", 0).tool_calls == [("bash", {"command": "echo a > a"})]
+    assert script.choose("... task A ...", 1).tool_calls == [("bash", {"command": "cat a"})]
+    assert script.choose("... task A ...", 2).content == "Done."
+
+
+def test_the_shared_prefix_sft_loss_is_the_full_forward_loss() -> None:
+    module = load_model("tiny").module
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, 1000, (30,), generator=generator).tolist()
+    rows = []
+    for k in range(3):
+        tail = torch.randint(5, 1000, (5 + 3 * k,), generator=generator).tolist()
+        rows.append(
+            {"input_ids": prefix + tail, "assistant_masks": [0] * 32 + [1] * (len(tail) - 2)}
+        )
+
+    def loss_and_grad() -> tuple[float, torch.Tensor]:
+        module.zero_grad()
+        loss, tokens = sft.sft_loss(module, rows, 0)
+        assert tokens == sum(sum(r["assistant_masks"]) for r in rows)
+        loss.backward()
+        grads = [p.grad.flatten() for p in module.parameters() if p.grad is not None]
+        return float(loss.detach()), torch.cat(grads)
+
+    shared_loss, shared_grad = loss_and_grad()
+    original = sft._shared_prefix
+    try:
+        sft._shared_prefix = lambda ids, mask: 0  # type: ignore[assignment]
+        full_loss, full_grad = loss_and_grad()
+    finally:
+        sft._shared_prefix = original
+    assert shared_loss == pytest.approx(full_loss, rel=1e-5)
+    assert torch.allclose(shared_grad, full_grad, atol=1e-6)
+    ids = torch.tensor([r["input_ids"][:35] for r in rows])
+    mask = torch.tensor([r["assistant_masks"][:35] for r in rows])
+    assert original(ids, mask) == 30  # the whole common prefix, before the first target
