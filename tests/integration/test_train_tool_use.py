@@ -48,6 +48,7 @@ def test_warm_start_then_grpo_through_pi_in_bubblewrap(tmp_path: Path, pi_prefix
                 "num_samples": 2,
                 "timeout_s": 600,
             },
+            "eval": {"tasks": 1, "num_samples": 1},
             "sampling": {"max_tokens": 8, "temperature": 1.0},
             "sft": {"tasks": 3, "epochs": 1, "lr": 1e-3, "micro_batch_size": 2},
             "optim": {"micro_batch_size": 2},
@@ -93,6 +94,15 @@ def test_warm_start_then_grpo_through_pi_in_bubblewrap(tmp_path: Path, pi_prefix
     assert step["sessions"] == 2 and step["calls_per_session"] >= 1.0
     assert step["calls_per_trace"] >= 1.0 and step["merge_breaks"] >= 0
     assert step["logprob_mismatch_max"] < 1e-3
+
+    # Held-out evaluations before the warm start, after it, and after GRPO: one session each.
+    evals = read_jsonl(out / "eval.jsonl")
+    assert [(e["step"], e.get("phase"), e["sessions"]) for e in evals] == [
+        (0, None, 1),
+        (0, "sft", 1),
+        (1, None, 1),
+    ]
+    assert [e["policy_version"] for e in evals] == [0, 1, 2]
 
 
 def test_bundled_tool_use_config_loads() -> None:

@@ -252,7 +252,8 @@ class EmbeddedTrainer:
         labels an evaluation that is not simply "at this step" (``sft``: after the warm start)."""
         cfg = self.config
         started = time.perf_counter()
-        tasks = self._tasks("eval", 0, cfg.eval.tasks, cfg.eval.num_samples, tag=f"s{self.step}")
+        tag = f"s{self.step}" + (f"-{phase}" if phase else "")  # task ids are unique per run
+        tasks = self._tasks("eval", 0, cfg.eval.tasks, cfg.eval.num_samples, tag=tag)
         policy = stack.sampling_policy
         saved = policy.temperature
         if cfg.eval.temperature is not None:
