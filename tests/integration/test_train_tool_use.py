@@ -58,11 +58,11 @@ def test_warm_start_then_grpo_through_pi_in_bubblewrap(tmp_path: Path, pi_prefix
     trainer = EmbeddedTrainer(config, loaded=load_model("tiny"))
     summary = trainer.run()
 
-    # The demonstrator solved every task through Pi's bash tool: two calls (the tool call, then
-    # the summary) merged into one trace per session, with no merge break.
+    # The demonstrator solved every task through Pi's bash tool: three calls (two tool calls,
+    # then the summary) merged into one trace per session, with no merge break.
     (warm,) = read_jsonl(out / "warm_start.jsonl")
     assert warm["sessions"] == 3 and warm["pass_rate"] == 1.0, warm
-    assert warm["calls_per_session"] == 2.0 and warm["calls_per_trace"] == 2.0
+    assert warm["calls_per_session"] == 3.0 and warm["calls_per_trace"] == 3.0
     assert warm["traces_per_session"] == 1.0 and warm["merge_breaks"] == 0
     assert warm["rows"] == 3 and warm["epochs"][0]["tokens"] > 0
     assert summary["sft"]["rows"] == 3
@@ -72,14 +72,15 @@ def test_warm_start_then_grpo_through_pi_in_bubblewrap(tmp_path: Path, pi_prefix
     try:
         for row in rows:
             records = store.records(row["session"]["session_id"])
-            assert len(records) == 2
+            assert len(records) == 3
             ids, mask = row["input_ids"], row["assistant_masks"]
             # exact engine tokens: the first prompt as the engine saw it, then each call's
             # sampled ids at the trainable positions, the tool result between them masked
             assert ids[: row["prompt_length"]] == records[0].prompt_ids
             sampled = [t for t, m in zip(ids, mask, strict=True) if m]
-            assert sampled == records[0].sampled_ids + records[1].sampled_ids
-            assert ids[: len(records[1].prompt_ids)] == records[1].prompt_ids
+            assert sampled == [t for r in records for t in r.sampled_ids]
+            for later in records[1:]:
+                assert ids[: len(later.prompt_ids)] == later.prompt_ids
             assert '"name": "bash"' in trainer.core.tokenizer.decode(records[0].sampled_ids)
             # ... and the layout the served model itself renders for that conversation
             prompt = row["messages"][: row["num_prompt_messages"]]

@@ -10,8 +10,11 @@ reply in prose scores 0 however right it sounds:
 
 The held-out split is fixed by a hash of each task's parameters (about one in five), so no
 eval task is ever trained on, whatever the seed or step. Every task carries its ``solution``
-(shell commands that solve it) in its metadata: what the scripted demonstrator of a warm start
-(:mod:`polar.training.sft`) runs through the harness's own shell tool.
+in its metadata: shell commands, one per turn, that the scripted demonstrator of a warm start
+(:mod:`polar.training.sft`) runs through the harness's own shell tool. They take two tool
+calls, as a careful agent would: look, then act on what the tool returned (``wc -l data.txt``,
+then ``echo 7 > answer.txt``), or act, then check (``cat memo.txt``). A demonstrated session is
+three model calls (two tool calls and a summary), merged into one trace.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def chores() -> Iterator[Chore]:
                 (name, word),
                 f"Create a file named {name} containing the word {word}.",
                 {},
-                [f"echo {word} > {name}"],
+                [f"echo {word} > {name}", f"cat {name}"],
                 name,
                 word,
             )
@@ -95,7 +98,7 @@ def chores() -> Iterator[Chore]:
                 (data, lines),
                 f"Read {data} and write its number of lines into answer.txt.",
                 {data: body},
-                [f"wc -l < {data} > answer.txt"],
+                [f"wc -l {data}", f"echo {lines} > answer.txt"],
                 "answer.txt",
                 str(lines),
             )
@@ -108,7 +111,7 @@ def chores() -> Iterator[Chore]:
                     (script, a, word),
                     f"Run `python3 {script}` and write what it prints into answer.txt.",
                     {script: f"print({word!r} + str({a} * 7))\n"},
-                    [f"python3 {script} > answer.txt"],
+                    [f"python3 {script}", f"echo {printed} > answer.txt"],
                     "answer.txt",
                     printed,
                 )
