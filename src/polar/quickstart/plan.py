@@ -19,11 +19,14 @@ from typing import Any
 import httpx
 
 from polar.engines.base import Engine
+from polar.engines.embedded.options import DEFAULT_MODEL, TINY_MODEL, served_model_name
+from polar.engines.model_files import smollm2_gguf_path
 from polar.engines.registry import EngineConfig, create_engine
 from polar.errors import ConfigError, HarnessError
 from polar.harnesses.base import ShellTool
 from polar.harnesses.install import default_prefix, install, installed_names
 from polar.harnesses.registry import CLI_PRESETS
+from polar.quickstart.loading import LoadingEngine, ModelLoad
 from polar.schemas.task import AgentSpec, RuntimeSpec
 
 AGENT = "agent"
@@ -168,6 +171,28 @@ class EngineHandle:
     tokenizer: Any
     policy_version: int = 0
     close: Callable[[], None] = lambda: None
+    # The engine's own counters (the embedded engine's prefill and batching), for the summary.
+    stats: Callable[[], dict[str, Any]] = dict
+    # The embedded model still loading on a thread (``engine`` is then its LoadingEngine).
+    loading: ModelLoad | None = None
+
+    def expect_calls(self) -> None:
+        """The servers are up: from now on a loading engine's calls wait for the load."""
+        if isinstance(self.engine, LoadingEngine):
+            self.engine.expect_calls()
+
+    def failed(self) -> bool:
+        """Whether a background load failed (:meth:`ready` raises its error)."""
+        return self.loading is not None and self.loading.failed()
+
+    def ready(self) -> EngineHandle:
+        """Wait for a background load to end (raising what it raised); fill in the tokenizer
+        and context window that only the loaded model knows."""
+        if self.loading is not None:
+            core = self.loading.result()
+            self.tokenizer = core.tokenizer
+            self.context_window = core.max_model_len
+        return self
 
 
 def open_engine(
@@ -179,11 +204,15 @@ def open_engine(
     tokenizer: str | None,
     threads: int | None = None,
     batch: int = 8,
+    background: bool = False,
 ) -> EngineHandle:
     """The embedded engine serving ``model`` (decoding up to ``batch`` requests at once), or a
-    client of the server at ``engine_url``."""
+    client of the server at ``engine_url``. With ``background``, the embedded model loads on a
+    thread and this returns at once (see :mod:`polar.quickstart.loading`)."""
     if engine_url:
         return _remote_engine(engine_url, engine_kind, served_model, tokenizer)
+    if background:
+        return _loading_engine(model, threads or engine_threads(), batch)
     import torch
 
     from polar.engines.embedded.client import EmbeddedEngine
@@ -200,6 +229,30 @@ def open_engine(
         tokenizer=core.tokenizer,
         policy_version=core.policy_version,
         close=core.close,
+        stats=core.stats,
+    )
+
+
+def _loading_engine(model: str, threads: int, batch: int) -> EngineHandle:
+    """The embedded engine, loading on a thread; what is wrong with ``model`` is found now."""
+    if model == DEFAULT_MODEL:
+        smollm2_gguf_path()  # the package that ships the weights is installed
+    elif model != TINY_MODEL and not Path(model).expanduser().exists():
+        raise ConfigError(
+            f"unknown model {model!r}: expected {DEFAULT_MODEL!r}, {TINY_MODEL!r}, a Hugging "
+            "Face checkpoint directory (with config.json) or a .gguf file"
+        )
+    load = ModelLoad(model, max_active=batch, threads=threads)
+    return EngineHandle(
+        engine=LoadingEngine(load),
+        config=EngineConfig(kind="embedded", options={"model": model}),
+        label="embedded",
+        served_model=served_model_name(model),
+        context_window=None,
+        tokenizer=None,
+        close=load.close,
+        stats=load.stats,
+        loading=load,
     )
 
 

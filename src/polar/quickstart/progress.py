@@ -9,6 +9,7 @@ capture store; the table is redrawn twice a second. On a terminal it redraws in 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -76,16 +77,16 @@ class RunProgress:
         self.started = time.monotonic()
         self._reported: set[str] = set()
 
-    def watch(self, deadline_s: float) -> Snapshot:
-        """Show progress until all sessions are final or ``deadline_s`` passes (returns the last
-        snapshot either way; Ctrl-C propagates to the caller)."""
+    def watch(self, deadline_s: float, stop: Callable[[], bool] = lambda: False) -> Snapshot:
+        """Show progress until all sessions are final, ``deadline_s`` passes or ``stop()`` says
+        so (returns the last snapshot either way; Ctrl-C propagates to the caller)."""
         waiting = self.client.start_wait(self.task_ids, deadline_s)
         snapshot = self.poll()
         try:
             with Live(
                 self.render(snapshot), console=self.console, refresh_per_second=4, transient=False
             ) as live:
-                while not _settled(waiting, REDRAW_S):
+                while not _settled(waiting, REDRAW_S) and not stop():
                     snapshot = self.poll()
                     live.update(self.render(snapshot))
                     if not self.console.is_terminal:

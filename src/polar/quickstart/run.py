@@ -24,6 +24,7 @@ from rich.console import Console
 from polar.client import RolloutClient
 from polar.gateway.config import SamplingPolicy
 from polar.logs import log_to_file
+from polar.quickstart.loading import quiet_while_loading
 from polar.quickstart.outputs import read_captures, write_outputs
 from polar.quickstart.plan import (
     DEFAULT_HARNESS,
@@ -120,6 +121,8 @@ def run_quickstart(options: QuickstartOptions, console: Console) -> QuickstartRu
         )
         with log_to_file(run_dir / LOG_JSONL):
             results, interrupted = _roll_out(options, setup, requests, run_dir, console)
+        if not interrupted:
+            setup.engine.ready()  # a model that failed to load fails the run, in its words
     finally:
         setup.engine.close()
         _reap_strays(console)
@@ -139,6 +142,9 @@ def run_quickstart(options: QuickstartOptions, console: Console) -> QuickstartRu
         "run_dir": str(run_dir),
         "interrupted": interrupted,
     }
+    engine_stats = setup.engine.stats()
+    if engine_stats:
+        facts["engine_stats"] = engine_stats
     summary = summarize(
         results,
         {sid: len(records) for sid, records in captures.items()},
@@ -160,14 +166,15 @@ class _Setup:
 
 
 def _set_up(options: QuickstartOptions, sessions: int, console: Console) -> _Setup:
-    """Choose the runtime, load the engine, make sure the harness is installed."""
+    """Choose the runtime, start loading the engine, make sure the harness is installed."""
 
     def warn(text: str) -> None:
         console.print(f"[yellow]warning:[/] {text}")
 
     runtime = choose_runtime(options.runtime, warn)
     workers = options.concurrency(sessions)
-    with console.status("loading the model ..." if not options.engine_url else "engine ..."):
+    with console.status("engine ...") if options.engine_url else contextlib.nullcontext():
+        # The embedded model loads on a thread while the servers and harnesses start.
         engine = open_engine(
             model=options.model,
             engine_url=options.engine_url,
@@ -176,6 +183,7 @@ def _set_up(options: QuickstartOptions, sessions: int, console: Console) -> _Set
             tokenizer=options.tokenizer,
             threads=options.threads,
             batch=max(workers, 8),
+            background=True,
         )
     try:
         harness = choose_harness(
@@ -210,6 +218,8 @@ def _roll_out(
     """Start the stack, submit, watch; stop everything. Returns the results and whether the
     run was interrupted."""
     engine = setup.engine
+    if options.dashboard:
+        engine.ready()  # the dashboard shows token text with the model's tokenizer
     stack = LocalStack(
         engine.engine,
         run_dir,
@@ -227,7 +237,9 @@ def _roll_out(
     )
     interrupted = False
     try:
-        stack.start()
+        with quiet_while_loading():
+            stack.start()
+        engine.expect_calls()
         console.print(f"rollout server {stack.rollout_url} · gateway node {stack.gateway_url}")
         if options.dashboard:
             console.print(
@@ -241,8 +253,10 @@ def _roll_out(
                     client.submit(request)
                     submitted.append(request.task_id)
                 progress = RunProgress(client, stack.store, submitted, console)
-                last = progress.watch(_deadline_s(options, len(requests)))
-                if not last.all_done:
+                last = progress.watch(_deadline_s(options, len(requests)), stop=engine.failed)
+                if engine.failed():
+                    console.print("[red]error:[/] the model failed to load; stopping")
+                elif not last.all_done:
                     console.print("[yellow]warning:[/] the run's deadline passed; stopping")
             except KeyboardInterrupt:
                 interrupted = True

@@ -23,10 +23,15 @@ from typing import Any
 
 import torch
 
-from polar.engines.embedded.options import DEFAULT_MODEL, DTYPE_NAMES, TINY_MODEL
+from polar.engines.embedded.options import (
+    DEFAULT_MODEL,
+    DTYPE_NAMES,
+    TINY_MODEL,
+    TINY_MODEL_NAME,
+    served_model_name,
+)
 from polar.engines.model_files import (
     SMOLLM2_GGUF_SHA256,
-    SMOLLM2_MODEL_NAME,
     cache_dir,
     load_tokenizer,
     smollm2_gguf_path,
@@ -34,7 +39,6 @@ from polar.engines.model_files import (
 )
 from polar.errors import ConfigError
 
-TINY_MODEL_NAME = "polar-tiny-llama"
 TINY_SEED = 0
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16), strict=True))
 
@@ -68,13 +72,17 @@ def load_model(source: str = DEFAULT_MODEL, *, dtype: str | torch.dtype = "float
         return _tiny_model(torch_dtype)
     if source == DEFAULT_MODEL:
         checkpoint = _smollm2_checkpoint()
-        return _from_checkpoint(checkpoint, torch_dtype, name=SMOLLM2_MODEL_NAME, source=source)
+        return _from_checkpoint(
+            checkpoint, torch_dtype, name=served_model_name(source), source=source
+        )
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         checkpoint = _gguf_checkpoint(path)
-        return _from_checkpoint(checkpoint, torch_dtype, name=path.stem, source=str(path))
+        return _from_checkpoint(
+            checkpoint, torch_dtype, name=served_model_name(source), source=str(path)
+        )
     if path.is_dir() and (path / "config.json").is_file():
-        return _from_checkpoint(path, torch_dtype, name=path.name, source=str(path))
+        return _from_checkpoint(path, torch_dtype, name=served_model_name(source), source=str(path))
     raise ConfigError(
         f"unknown model {source!r}: expected {DEFAULT_MODEL!r}, {TINY_MODEL!r}, a Hugging Face "
         "checkpoint directory (with config.json) or a .gguf file"
