@@ -7,8 +7,10 @@ the trainer first shows it what a solved task looks like in the harness's own pr
    runtime, exactly as rollouts do, but the engine is a *scripted demonstrator*
    (:func:`polar.generation.demonstrator.solution_script`), not a model: it answers each call
    of a task's session with a call of the harness's shell tool running the next of the task's
-   ``solution`` commands, then with a one-line summary. The CLI really runs the commands and
-   the task's own check grades the workspace; only sessions that pass are kept. The tokens are
+   ``solution`` commands, then with a one-line summary. It knows a session by its instruction,
+   so tasks that ask the same thing with different answers run in separate waves. The CLI
+   really runs the commands and the task's own check grades the workspace; only sessions that
+   pass are kept. The tokens are
    the served model's: the scripted engine renders prompts with its tokenizer and chat
    template and samples by tokenizing the reply, so a kept session's prefix-merged trace is an
    SFT row in exactly the layout the model sees (``input_ids`` and ``assistant_masks``, the
@@ -62,10 +64,9 @@ def demonstrate(
             f"sft needs tasks with a known solution (metadata.solution: shell commands); "
             f"{missing[0]} has none"
         )
-    solutions = {t.instruction: list(t.metadata["solution"]) for t in tasks}
-    script = solution_script(solutions, shell_tool(harnesses.pop()))
+    tool = shell_tool(harnesses.pop())
     backend = ScriptedBackend(
-        script, tokenizer=tokenizer, model_name=model_name, max_model_len=context_window
+        tokenizer=tokenizer, model_name=model_name, max_model_len=context_window
     )
     stack = LocalStack(
         ScriptedEngine(backend),
@@ -76,10 +77,39 @@ def demonstrate(
         runtime=runtime,
         run_workers=run_workers,
     )
+    results: list[SessionResult] = []
     with stack, RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
-        results = [r for t in client.run(list(tasks), timeout_s) for r in t.results]
+        for wave in waves(tasks):
+            solutions = {t.instruction: list(t.metadata["solution"]) for t in wave}
+            backend.script = solution_script(solutions, tool)
+            results += [r for t in client.run(wave, timeout_s) for r in t.results]
     accepted = [r.trajectory for r in results if passed(r) and r.trajectory is not None]
     return list(SFTExporter().rows(accepted)), results
+
+
+def waves(tasks: Sequence[TaskRequest]) -> list[list[TaskRequest]]:
+    """Tasks in runs the demonstrator can tell apart: it knows a session by its instruction, so
+    tasks asking the same thing with different solutions (the same script name, a different
+    script) go in different waves."""
+    out: list[list[TaskRequest]] = []
+    for task in tasks:
+        solution = task.metadata["solution"]
+        wave = next(
+            (
+                w
+                for w in out
+                if all(
+                    t.instruction != task.instruction or t.metadata["solution"] == solution
+                    for t in w
+                )
+            ),
+            None,
+        )
+        if wave is None:
+            out.append([task])
+        else:
+            wave.append(task)
+    return out
 
 
 def passed(result: SessionResult) -> bool:

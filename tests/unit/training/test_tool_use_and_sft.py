@@ -87,3 +87,17 @@ def test_the_shared_prefix_sft_loss_is_the_full_forward_loss() -> None:
     ids = torch.tensor([r["input_ids"][:35] for r in rows])
     mask = torch.tensor([r["assistant_masks"][:35] for r in rows])
     assert original(ids, mask) == 30  # the whole common prefix, before the first target
+
+
+def test_tasks_the_demonstrator_cannot_tell_apart_go_in_different_waves() -> None:
+    tasks = task_source("tool_use")("train", 1, 40)
+    waves = sft.waves(tasks)
+    assert sorted(t.task_id for w in waves for t in w) == sorted(t.task_id for t in tasks)
+    for wave in waves:
+        solutions: dict[str, list[str]] = {}
+        for task in wave:
+            assert (
+                solutions.setdefault(task.instruction, task.metadata["solution"])
+                == (task.metadata["solution"])
+            )
+    assert len(waves) > 1  # 40 draws repeat some instruction with another answer
