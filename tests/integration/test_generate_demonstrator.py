@@ -31,7 +31,9 @@ def test_the_demonstrator_fills_the_dataset_through_a_real_harness_loop(tmp_path
         # Two sampled turns (the git apply call, the summary) and the tool's real output between.
         calls = [m for m in row["messages"] if m["role"] == "assistant" and m.get("tool_calls")]
         assert len(calls) == 1 and "git apply" in calls[0]["tool_calls"][0]["function"]["arguments"]
-        assert any(m["role"] == "tool" and "1 file changed" in m["content"] for m in row["messages"])
+        assert any(
+            m["role"] == "tool" and "1 file changed" in m["content"] for m in row["messages"]
+        )
         assert len(row["input_ids"]) == len(row["assistant_masks"])
         assert 0 < sum(row["assistant_masks"]) < len(row["input_ids"])
         assert row["model_patch"].startswith("diff --git")
