@@ -24,8 +24,9 @@ log = logging.getLogger("polar.auth")
 
 
 def new_token() -> str:
-    """A fresh random secret (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random secret: 256 bits as hex, so it is URL-safe and never starts with ``-``
+    (``--token -x…`` would read as a missing value to every argument parser)."""
+    return secrets.token_hex(32)
 
 
 def read_token(path: Path) -> str | None:

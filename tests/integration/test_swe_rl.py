@@ -61,7 +61,7 @@ def test_polar_swe_tasks_then_polar_submit_grades_a_bundled_task(
     )
     with stack:
         url, token = stack.rollout_url, stack.rollout_token or ""
-        code = main(["submit", str(textkit), "--url", url, "--token", token, "--wait"])
+        code = main(["submit", str(textkit), "--url", url, f"--token={token}", "--wait"])
         assert code == 0, capsys.readouterr().out
         task_id = yaml.safe_load(textkit.read_text())["task_id"]
         with RolloutClient(url, token=token) as client:

@@ -59,3 +59,13 @@ def test_errors_are_clear(server: BackgroundServer, tmp_path: Path) -> None:
     args = parse("status", "--url", "http://127.0.0.1:9")
     with pytest.raises(RolloutError, match="cannot reach"):
         args.func(args)
+
+
+def test_generated_tokens_pass_as_a_cli_value_after_their_option() -> None:
+    """A token starting with ``-`` would read as a missing ``--token`` value."""
+    from polar.tokens import new_token
+
+    for _ in range(200):
+        token = new_token()
+        assert not token.startswith("-") and len(token) == 64
+        assert parse("status", "--token", token).token == token
