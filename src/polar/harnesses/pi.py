@@ -32,6 +32,15 @@ PI_APIS: tuple[str, ...] = (
     "google-generative-ai",
 )
 _PROVIDER = "polar"
+COMPACT_SETTINGS: dict[str, Any] = {
+    "tools": ["bash", "write"],
+    "extra_args": [
+        "--system-prompt",
+        "You are a coding agent. Use the tools to work on files in the current directory.",
+    ],
+}
+"""Pi with a one-line system prompt and the two tools file work needs: ~0.4k SmolLM2 tokens
+instead of the ~1.5k of its stock prompt and four tools, for a small model on a CPU."""
 
 
 class PiSettings(HarnessSettings):

@@ -25,6 +25,7 @@ from polar.engines.registry import EngineConfig, create_engine
 from polar.errors import ConfigError, HarnessError
 from polar.harnesses.base import ShellTool
 from polar.harnesses.install import default_prefix, install, installed_names
+from polar.harnesses.pi import COMPACT_SETTINGS
 from polar.harnesses.registry import CLI_PRESETS
 from polar.quickstart.loading import LoadingEngine, ModelLoad
 from polar.schemas.task import AgentSpec, RuntimeSpec
@@ -35,16 +36,9 @@ AGENT_PATH = Path(__file__).with_name("agent.py").absolute()
 AGENT_SHELL_TOOL = ShellTool("shell", "command")
 """The bundled agent's one tool (``agent.TOOL``), as a model calls it."""
 DEFAULT_HARNESS = "pi"
-# Pi's own system prompt and four tools come to ~1.5k SmolLM2 tokens; on a CPU every prompt
-# token costs, so the quickstart runs Pi with a one-line prompt and the two tools the suite
-# needs (~0.4k tokens). ``stock_prompt`` keeps Pi as it ships.
-PI_COMPACT = {
-    "tools": ["bash", "write"],
-    "extra_args": [
-        "--system-prompt",
-        "You are a coding agent. Use the tools to work on files in the current directory.",
-    ],
-}
+# On a CPU every prompt token costs, so the quickstart runs Pi compact (a one-line prompt and
+# the two tools the suite needs); ``stock_prompt`` keeps Pi as it ships.
+PI_COMPACT = COMPACT_SETTINGS
 # Presets whose CLI has a turn limit, and the setting that sets it.
 MAX_TURNS_SETTING = {
     "claude_code": "max_turns",

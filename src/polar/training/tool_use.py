@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.errors import ConfigError
+from polar.harnesses.pi import COMPACT_SETTINGS
 from polar.schemas.task import TaskRequest
 
 KINDS = ("write", "count", "run")
@@ -38,16 +39,6 @@ DATA = ("data.txt", "list.txt", "lines.txt", "items.txt")
 SCRIPTS = ("show.py", "main.py", "say.py", "calc.py")
 EVAL_SHARE = 5
 """One parameter set in ``EVAL_SHARE`` (by hash) is held out."""
-
-# Pi's stock prompt and four tools come to ~1.5k SmolLM2 tokens; one line and two tools keep a
-# CPU call short (the quickstart's PI_COMPACT).
-PI_SETTINGS: dict[str, Any] = {
-    "tools": ["bash", "write"],
-    "extra_args": [
-        "--system-prompt",
-        "You are a coding agent. Use the tools to work on files in the current directory.",
-    ],
-}
 
 _CHECK = (
     'python3 -c "import sys; t = open({path!r}).read().strip(); '
@@ -164,7 +155,7 @@ def tool_use(
     if runtime == "bubblewrap":
         runtime_spec["options"] = {"ro_binds": ro_binds or [str(default_prefix())]}
     if settings is None:
-        settings = PI_SETTINGS if harness == "pi" else {}
+        settings = COMPACT_SETTINGS if harness == "pi" else {}
     tasks = []
     for i, chore in enumerate(chosen):
         tasks.append(
