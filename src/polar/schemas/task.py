@@ -158,6 +158,24 @@ class TaskStatus(StrEnum):
         return self is TaskStatus.COMPLETED
 
 
+FailureKind = Literal["infra", "agent", "evaluator", "timeout"]
+
+
+class SessionFailure(BaseModel):
+    """Why a session did not complete, in a form a trainer can act on.
+
+    ``infra`` failures (node lost or restarted, runtime failed to start, drain deadline,
+    cancellation) say nothing about the policy: trainers drop them from GRPO groups instead of
+    scoring them 0. ``agent`` is the harness failing, ``evaluator`` the grader raising,
+    ``timeout`` the session's budget running out.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: FailureKind
+    reason: str = ""
+
+
 class SessionResult(BaseModel):
     """What a gateway node reports for one session (the callback payload)."""
 
@@ -171,6 +189,9 @@ class SessionResult(BaseModel):
     timing: dict[str, float] = Field(default_factory=dict, description="Seconds per stage.")
     node_id: NodeId | None = None
     error: str | None = None
+    failure: SessionFailure | None = Field(
+        None, description="Set when status is ERROR or TIMEOUT: the failure's kind and reason."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -226,7 +226,13 @@ class Builder(ABC):
             response_messages=_response_messages(seg.records),
             tools=list(first.upstream_request.get("tools") or []),
             finish_reason=last.finish_reason,
-            metadata=self._trace_metadata(seg, untrainable, inexact),
+            metadata={
+                **self._trace_metadata(seg, untrainable, inexact),
+                "call_spans": [
+                    [start, start + len(rec.sampled_ids)]
+                    for rec, start in zip(seg.records, starts, strict=True)
+                ],
+            },
         )
 
     def _untrainable_reasons(self, records: list[CaptureRecord]) -> list[str]:

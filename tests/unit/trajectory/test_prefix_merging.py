@@ -347,3 +347,16 @@ def test_config_is_strict():
         create_builder("prefix_merging", {"template_repair": ["no_such_rule"]})
     with pytest.raises(ValueError, match="no_such_rule"):
         BuilderConfig(template_repair=["no_such_rule"])
+
+
+
+def test_call_spans_locate_each_calls_sampled_ids_and_context_in_the_trace():
+    r1 = record([1, 2, 3], [10, 11, 99])
+    r2 = record([1, 2, 3, 10, 11, 99, 50, 51], [20, 21, 99])
+    r3 = record([1, 2, 3, 10, 11, 99, 50, 51, 20, 21, 99, 60], [30, 99])
+    (trace,) = build([r1, r2, r3]).traces
+    spans = trace.metadata["call_spans"]
+    assert spans == [[0, 3], [5, 8], [9, 11]]
+    assert [trace.response_ids[s:e] for s, e in spans] == [r.sampled_ids for r in (r1, r2, r3)]
+    for (start, _), rec in zip(spans, (r1, r2, r3), strict=True):
+        assert trace.prompt_ids + trace.response_ids[:start] == rec.prompt_ids
