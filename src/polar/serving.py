@@ -12,6 +12,8 @@ progress), so a flood of silent sockets never stops a legitimate call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Any
 
 import h11
@@ -46,9 +48,12 @@ class ServerLimits(BaseModel):
     backlog: int = Field(2048, ge=1, description="Connections waiting to be accepted.")
 
 
-def serve(app: Any, *, host: str, port: int, limits: ServerLimits) -> None:
-    """Run ``app`` until interrupted (the ``polar serve-*`` commands), under ``limits``."""
-    uvicorn.run(
+def serve(
+    app: Any, *, host: str, port: int, limits: ServerLimits, sock: socket.socket | None = None
+) -> None:
+    """Run ``app`` until interrupted (the ``polar serve-*`` commands), under ``limits``; on
+    ``sock`` when the caller bound it already (its real port known before the app starts)."""
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -58,6 +63,11 @@ def serve(app: Any, *, host: str, port: int, limits: ServerLimits) -> None:
         access_log=False,
         **uvicorn_settings(limits),
     )
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock] if sock is not None else None)
+    if not server.started:
+        raise SystemExit(3)  # uvicorn.run's exit status when a server fails to start
 
 
 def uvicorn_settings(limits: ServerLimits) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from polar.engines.scripted import (
 )
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.gateway.listen import bind_gateway
 from polar.gateway.server import BackgroundServer
 from polar.tokens import new_token
 
@@ -199,8 +200,12 @@ def run(args: argparse.Namespace) -> int:
     engine = ScriptedEngine(backend)
     token = new_token()  # the demo's own admin token: it creates sessions with it
     config = GatewayConfig(
-        capture_db=out / "captures.db", served_model="SmolLM2-135M-Instruct", admin_token=token
+        port=0,
+        capture_db=out / "captures.db",
+        served_model="SmolLM2-135M-Instruct",
+        admin_token=token,
     )
+    config, sock = bind_gateway(config)  # the port is known before sessions hand out URLs
     store = CaptureStore(config.capture_db)
     table = Table(title="Captured calls (every token compared with the engine's reply)")
     for col in (
@@ -218,10 +223,9 @@ def run(args: argparse.Namespace) -> int:
         )
     all_ok = True
     with (
-        BackgroundServer(create_app(config, engine=engine, store=store)) as server,
+        BackgroundServer(create_app(config, engine=engine, store=store), sock=sock) as server,
         httpx.Client(timeout=60, headers={"authorization": f"Bearer {token}"}) as client,
     ):
-        config.public_url = server.url
         console.print(f"gateway: {server.url}  capture store: {config.capture_db}")
         for stream in (False, True):
             for provider, (path, first, result) in _requests(stream).items():

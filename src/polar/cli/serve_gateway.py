@@ -9,6 +9,7 @@ from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.gateway.listen import bind_gateway
 from polar.serving import serve
 from polar.stack.topology import Topology
 
@@ -116,7 +117,9 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args)
+    # Bound before the app is built: with --port 0 or --host 0.0.0.0 the node registers the
+    # port it really has and an address others can route to.
+    config, sock = bind_gateway(load_config(args))
     app = create_app(config)
     print(
         f"Polar gateway on {config.base_url()} (engine: {config.engine.kind}, render: "
@@ -126,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
         print("auth is OFF: any process on this machine may drive this gateway")
     elif not config.admin_token:
         print(f"admin token (/polar/*, /docs): {config.token_file()}")
-    serve(app, host=config.host, port=config.port, limits=config.limits)
+    serve(app, host=config.host, port=config.port, limits=config.limits, sock=sock)
     return 0

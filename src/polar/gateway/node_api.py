@@ -13,6 +13,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from polar.auth import same_secret
 from polar.gateway.config import NodeConfig
 from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFull
+from polar.gateway.listen import check_advertised
 from polar.gateway.model_api_view import model_api_views
 from polar.gateway.node_client import NodeClient
 from polar.gateway.services import GatewayServices, services
@@ -66,8 +67,9 @@ class GatewayNode:
             self.gateway.sessions.remove(session_id)
 
     async def start(self) -> None:
-        # The URL may only be known now (port 0 resolved at bind time).
-        self.lifecycle.node_url = self.gateway.config.base_url()
+        url = self.gateway.config.base_url()
+        check_advertised(url)  # port 0 or 0.0.0.0 not resolved: refuse rather than get no work
+        self.lifecycle.node_url = url
         self.lifecycle.start()
         if self.client is not None:
             self.client.start()
@@ -123,6 +125,8 @@ async def dispatch_session(
             "sample_index": dispatch.sample_index,
             "node_id": node.config.node_id,
         }
+        if dispatch.task.agent.max_model_calls is not None:
+            metadata["max_model_calls"] = dispatch.task.agent.max_model_calls
         await register_session(node.ctx, dispatch.session_id, metadata)
     try:
         session, created = lifecycle.dispatch(dispatch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -12,7 +13,8 @@ from polar.serving import ServerLimits, uvicorn_settings
 
 
 class BackgroundServer:
-    """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``)."""
+    """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``), and
+    ``sock`` serves an already bound socket (see :mod:`polar.gateway.listen`)."""
 
     def __init__(
         self,
@@ -22,6 +24,7 @@ class BackgroundServer:
         log_level: str = "warning",
         loop: str = "auto",
         limits: ServerLimits | None = None,
+        sock: socket.socket | None = None,
     ):
         # loop="asyncio": several servers in one process may then start subprocesses (uvloop
         # refuses to from two loops at once).
@@ -38,7 +41,10 @@ class BackgroundServer:
         )
         self.server = uvicorn.Server(config)
         self.host = host
-        self._thread = threading.Thread(target=self.server.run, name="polar-server", daemon=True)
+        sockets = [sock] if sock is not None else None
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": sockets}, name="polar-server", daemon=True
+        )
 
     def start(self, timeout_s: float = 30.0) -> BackgroundServer:
         self._thread.start()

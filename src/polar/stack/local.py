@@ -9,7 +9,6 @@ embedded trainer (``polar train``) both run on it.
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from polar.engines.base import Engine
 from polar.engines.registry import EngineConfig
 from polar.gateway.app import create_app as create_gateway_app
 from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
+from polar.gateway.listen import bind_gateway
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.rollout.app import create_rollout_app
@@ -191,10 +191,8 @@ class LocalStack:
 
     def _start_gateway(self) -> None:
         assert self.rollout is not None
-        # The node registers its own URL, so the port must be known before the app is built.
-        port = _free_port()
         config = GatewayConfig(
-            port=port,
+            port=0,
             engine=self.engine_config,
             served_model=self.served_model,
             sampling=self.sampling,
@@ -214,10 +212,12 @@ class LocalStack:
                 heartbeat_s=0.5,
             ),
         )
+        # The node registers its own URL, so the port is bound before the app is built.
+        config, sock = bind_gateway(config)
         self.gateway_app = create_gateway_app(
             config, engine=self.engine, store=CaptureStore(self.capture_db)
         )
-        self.gateway = BackgroundServer(self.gateway_app, port=port).start()
+        self.gateway = BackgroundServer(self.gateway_app, sock=sock).start()
 
     def _wait_for_node(self, timeout_s: float = 30.0) -> None:
         token = self.rollout_token
@@ -229,9 +229,3 @@ class LocalStack:
                 return
             time.sleep(0.05)
         raise RuntimeError("the gateway node did not register with the rollout server")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
