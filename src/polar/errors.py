@@ -35,6 +35,13 @@ class InvalidRequest(GatewayError):
     kind = "invalid_request"
 
 
+class CallBudgetSpent(InvalidRequest):
+    """The session has made the model calls its task allows (``agent.max_model_calls``): a
+    400, not a 429, so the harness stops instead of retrying (HTTP 400)."""
+
+    kind = "call_budget_spent"
+
+
 class ContextLengthExceeded(InvalidRequest):
     """The prompt does not fit the model's context window (HTTP 400). Each provider words it
     its own way, since harnesses key their compaction on that wording."""

@@ -43,11 +43,21 @@ from polar.schemas.node import (
     StageCounts,
     Workers,
 )
-from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, settle_failure
 
 log = logging.getLogger("polar.gateway.lifecycle")
 
 CANCELLED = "cancelled"
+# Why a session did not complete, for trainers (SessionResult.failure): the stage decides.
+CANCELLED_FAILURE = SessionFailure(kind="infra", reason=CANCELLED)
+_STAGE_FAILURES = {
+    "init": SessionFailure(kind="infra", reason="runtime_start_failed"),
+    "run": SessionFailure(kind="agent", reason="harness_failed"),
+}
+BUDGET_EXHAUSTED = SessionFailure(kind="timeout", reason="budget_exhausted")
+POSTRUN_FAILED = SessionFailure(kind="infra", reason="postrun_failed")
+# A work whose ERROR result names no failure (a custom SessionWork): scored as the agent's.
+UNSPECIFIED = SessionFailure(kind="agent", reason="unspecified")
 
 
 class SessionWork(Protocol):
@@ -101,6 +111,7 @@ class RunOutcome:
 
     status: SessionStatus = SessionStatus.COMPLETED
     error: str | None = None
+    failure: SessionFailure | None = None
     reached_run: bool = False
     cancelled: bool = False
 
@@ -324,6 +335,7 @@ class Lifecycle:
         session.outcome.cancelled = True
         session.outcome.status = SessionStatus.ERROR
         session.outcome.error = CANCELLED
+        session.outcome.failure = CANCELLED_FAILURE
         session.log(
             "session.cancel",
             f"session {session_id} cancelled while {session.place}",
@@ -427,6 +439,7 @@ class Lifecycle:
                 if not session.outcome.cancelled:
                     session.outcome.status = SessionStatus.ERROR
                     session.outcome.error = f"post-run failed: {result!r}"
+                    session.outcome.failure = POSTRUN_FAILED
                 result = self._bare_result(session)
             await self._finish(session, result)
 
@@ -460,6 +473,7 @@ class Lifecycle:
         if budget <= 0:
             session.outcome.status = SessionStatus.TIMEOUT
             session.outcome.error = "the session budget ran out before a run slot was free"
+            session.outcome.failure = BUDGET_EXHAUSTED
             session.log(
                 "session.run.skipped",
                 f"session {session.session_id} timed out before a run slot was free",
@@ -505,13 +519,20 @@ class Lifecycle:
         outcome = session.outcome
         if outcome.cancelled:
             return
-        if isinstance(failure, TimeoutError):
+        own = getattr(failure, "failure", None)  # an exception that knows its kind
+        if isinstance(failure, TimeoutError) and isinstance(own, SessionFailure):
+            outcome.status = SessionStatus.TIMEOUT
+            outcome.error = str(failure)
+            outcome.failure = own
+        elif isinstance(failure, TimeoutError):
             outcome.status = SessionStatus.TIMEOUT
             budget = session.dispatch.task.timeout_seconds
             outcome.error = f"the session budget of {budget:g}s ran out during {stage}"
+            outcome.failure = BUDGET_EXHAUSTED
         else:
             outcome.status = SessionStatus.ERROR
             outcome.error = f"{stage} failed: {failure}"
+            outcome.failure = _STAGE_FAILURES[stage]
 
     @staticmethod
     def _log_stage_end(session: NodeSession, stage: str, failure: Any) -> None:
@@ -551,6 +572,7 @@ class Lifecycle:
             status=session.outcome.status,
             node_id=session.node_id,
             error=session.outcome.error,
+            failure=session.outcome.failure,
             metadata={"sample_index": session.dispatch.sample_index},
         )
 
@@ -558,6 +580,7 @@ class Lifecycle:
         if session.finished:
             return
         session.close_timing()
+        result = settle_failure(result, session.outcome.failure or UNSPECIFIED)
         result = result.model_copy(update={"timing": {**session.timing, **result.timing}})
         session.result = result
         session.set_status(result.status)
@@ -571,6 +594,7 @@ class Lifecycle:
             status=result.status.value,
             reward=result.reward,
             error=result.error,
+            failure_kind=result.failure.kind if result.failure else None,
             seconds=result.timing.get("total"),
         )
         if self.on_finished is not None:

@@ -229,6 +229,7 @@ class Proxy:
         receive: Receive,
     ) -> Response:
         started = time.time()
+        session.admit_call()
         call = self.metrics.call(provider.name, normalized.stream)
         try:
             flags, plan = await self._prepare(session, normalized)

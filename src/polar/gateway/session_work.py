@@ -21,6 +21,7 @@ from polar.capture.store import CaptureStore
 from polar.errors import HarnessError, HarnessTimeout
 from polar.evaluators.base import EvaluationContext, EvaluationResult
 from polar.evaluators.registry import create_evaluator
+from polar.gateway.call_budget import until_calls_spent
 from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.gateway.lifecycle import NodeSession, RunOutcome
 from polar.gateway.sessions import GatewaySession, SessionTable, base_urls
@@ -31,13 +32,14 @@ from polar.harnesses.runner import run_launch
 from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.registry import create_runtime
 from polar.schemas.ids import path_segment
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trajectory, TrajectoryStatus
 from polar.trajectory.registry import create_builder
 
 log = logging.getLogger("polar.gateway.session")
 
 LIFTED_METADATA = ("group_id", "policy_version", "rollout_step")
+EVALUATOR_FAILED = SessionFailure(kind="evaluator", reason="evaluator_failed")
 
 
 @dataclass
@@ -106,7 +108,10 @@ class RolloutWork:
             launch = harness_for(agent).prepare(self._harness_context(runtime))
             env = {**session_env(runtime, self.session.session_id, self.task.task_id)}
             launch = replace(launch, env={**env, **launch.env})
-            outcome = await run_launch(launch, runtime, timeout_s=budget_s, harness=name)
+            outcome = await until_calls_spent(
+                run_launch(launch, runtime, timeout_s=budget_s, harness=name),
+                self.ctx.sessions.get(self.session.session_id),
+            )
             self.exit_code = outcome.exit_code
         except HarnessTimeout as exc:
             self.exit_code = exc.exit_code
@@ -144,7 +149,7 @@ class RolloutWork:
 
     async def postrun(self, outcome: RunOutcome) -> SessionResult:
         session = self.session
-        status, error = outcome.status, outcome.error
+        status, error, failure = outcome.status, outcome.error, outcome.failure
         trajectory: Trajectory | None = None
         evaluation: EvaluationResult | None = None
         try:
@@ -156,6 +161,7 @@ class RolloutWork:
                     evaluation = await self._evaluate(trajectory)
                 except Exception as exc:
                     status, error = SessionStatus.ERROR, f"evaluator failed: {exc!r}"
+                    failure = EVALUATOR_FAILED
                     session.log(
                         "session.evaluator_failed",
                         f"evaluator failed for {session.session_id}: {exc!r}",
@@ -183,6 +189,7 @@ class RolloutWork:
             reward=evaluation.reward if evaluation else None,
             node_id=session.node_id,
             error=error,
+            failure=failure,
             metadata=self._result_metadata(evaluation),
         )
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.errors import AuthenticationFailed
+from polar.errors import AuthenticationFailed, CallBudgetSpent
 
 SESSION_PREFIX = "/s/"
 
@@ -20,6 +21,30 @@ class GatewaySession:
     session_id: str
     created_at: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
+    admitted: int = 0
+    """Model calls let through since this gateway process saw the session."""
+    budget_spent: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a call past ``max_model_calls`` was refused: the run ends then."""
+
+    @property
+    def max_model_calls(self) -> int | None:
+        cap = self.metadata.get("max_model_calls")
+        return int(cap) if cap is not None else None
+
+    def admit_call(self) -> None:
+        """Count one model call, or refuse it past the task's ``max_model_calls``.
+
+        A harness with no turn limit of its own (Pi, Codex) otherwise loops a weak policy's
+        repeated tool call until the session's time budget: the cap ends it after N calls.
+        """
+        cap = self.max_model_calls
+        if cap is not None and self.admitted >= cap:
+            self.budget_spent.set()
+            raise CallBudgetSpent(
+                f"session {self.session_id!r} has made the {cap} model calls its task allows "
+                "(agent.max_model_calls)"
+            )
+        self.admitted += 1
 
 
 def split_session_prefix(path: str) -> tuple[str | None, str]:

@@ -83,6 +83,13 @@ class AgentSpec(BaseModel):
     model_name: str = Field("polar", description="Model name the harness is configured with.")
     settings: dict[str, Any] = Field(default_factory=dict, description="Preset-specific settings.")
     env: dict[str, str] = Field(default_factory=dict)
+    max_model_calls: int | None = Field(
+        None,
+        ge=1,
+        description="A turn limit the gateway enforces for any harness: call N+1 is refused "
+        "with an error in the harness's provider format and the session ends as TIMEOUT, its "
+        "partial trace kept and evaluated.",
+    )
 
 
 class StrategySpec(BaseModel):
@@ -173,7 +180,11 @@ class SessionFailure(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: FailureKind
-    reason: str = ""
+    reason: str = Field(
+        "",
+        description="A short snake_case cause (cancelled, runtime_start_failed, harness_failed, "
+        "evaluator_failed, budget_exhausted, node_dead, ...); the result's error has the details.",
+    )
 
 
 class SessionResult(BaseModel):
@@ -204,3 +215,15 @@ class TaskResult(BaseModel):
     status: TaskStatus
     results: list[SessionResult] = Field(default_factory=list)
     result_paths: list[str] = Field(default_factory=list)
+
+
+def settle_failure(result: SessionResult, unknown: SessionFailure) -> SessionResult:
+    """``result`` keeping the invariant: a final ERROR or TIMEOUT has a failure (``unknown``
+    where its sender gave none: TIMEOUT is always kind timeout), a COMPLETED one has none."""
+    if result.status == SessionStatus.COMPLETED:
+        return result if result.failure is None else result.model_copy(update={"failure": None})
+    if not result.status.finished or result.failure is not None:
+        return result
+    if result.status == SessionStatus.TIMEOUT:
+        unknown = SessionFailure(kind="timeout", reason=unknown.reason or "budget_exhausted")
+    return result.model_copy(update={"failure": unknown})

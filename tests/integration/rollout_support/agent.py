@@ -3,7 +3,8 @@
 It calls the gateway's chat completions with OPENAI_BASE_URL / OPENAI_API_KEY, runs each shell
 tool call it gets, sends the output back, and stops at the first plain-text answer.
 AGENT_MODE changes its behaviour for fault tests: ``crash`` exits 7 after the first call,
-``hang`` sleeps after the first call (to run past the session budget).
+``hang`` sleeps after the first call (to run past the session budget), ``stubborn`` sleeps
+when the gateway answers with an error instead of exiting (a harness that keeps retrying).
 """
 
 import json
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 TOOLS = [
@@ -39,8 +41,13 @@ def complete(messages):
             "content-type": "application/json",
         },
     )
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        return json.load(reply)["choices"][0]["message"]
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.load(reply)["choices"][0]["message"]
+    except urllib.error.HTTPError:
+        if os.environ.get("AGENT_MODE") == "stubborn":
+            time.sleep(3600)
+        raise
 
 
 def main():
