@@ -37,7 +37,7 @@ from polar.harnesses.install import default_prefix, installed_names
 from polar.quickstart import plan
 from polar.quickstart.plan import AGENT_PATH
 from polar.quickstart.tasks import load_suite
-from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.task import AgentSpec, SessionResult, SessionStatus
 from polar.schemas.trajectory import Trace
 
 FILES = (
@@ -407,6 +407,21 @@ def test_pi_without_npm_falls_back_to_the_bundled_agent(
         plan.choose_harness(
             "opencode", max_turns=3, model_name="m", stock_prompt=False, echo=lambda line: None
         )
+
+
+def test_turn_limits_come_from_the_cli_or_else_from_the_gateway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plan, "installed_names", lambda prefix: set(plan.CLI_PRESETS))
+
+    def chosen(name: str) -> AgentSpec:
+        return plan.choose_harness(
+            name, max_turns=5, model_name="m", stock_prompt=False, echo=lambda line: None
+        ).agent
+
+    pi, qwen = chosen("pi"), chosen("qwen_code")
+    assert pi.max_model_calls == 5 and "max_turns" not in pi.settings
+    assert qwen.settings["max_turns"] == 5 and qwen.max_model_calls is None
 
 
 def test_without_bubblewrap_sessions_run_as_local_processes(

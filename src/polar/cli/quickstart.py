@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     size.add_argument(
         "--max-turns", type=positive_int, default=_DEFAULTS.max_turns, metavar="N",
-        help="model turns per session, for harnesses that have a limit (not Pi)",
+        help="model calls per session (the harness's own turn limit, or the gateway's "
+        "for those without one, such as Pi)",
     )  # fmt: skip
     size.add_argument(
         "--timeout", type=positive_float, default=_DEFAULTS.timeout_s, metavar="S",

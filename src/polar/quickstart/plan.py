@@ -39,7 +39,8 @@ DEFAULT_HARNESS = "pi"
 # On a CPU every prompt token costs, so the quickstart runs Pi compact (a one-line prompt and
 # the two tools the suite needs); ``stock_prompt`` keeps Pi as it ships.
 PI_COMPACT = COMPACT_SETTINGS
-# Presets whose CLI has a turn limit, and the setting that sets it.
+# Presets whose CLI has a turn limit, and the setting that sets it; the others get the
+# gateway's (``agent.max_model_calls``).
 MAX_TURNS_SETTING = {
     "claude_code": "max_turns",
     "gemini_cli": "max_turns",
@@ -132,15 +133,17 @@ def choose_harness(
             return HarnessPlan(plan.name, plan.agent, plan.binds, plan.notes, [warning])
         install([requested], prefix, echo=echo)
     settings: dict[str, Any] = {}
-    notes = []
     if requested == "pi" and not stock_prompt:
         settings.update(PI_COMPACT)
+    cap = None
     if requested in MAX_TURNS_SETTING:
         settings[MAX_TURNS_SETTING[requested]] = max_turns
-    else:
-        notes.append(f"{requested} has no turn limit: --timeout bounds its sessions")
-    agent = AgentSpec(harness=requested, model_name=model_name, settings=settings)
-    return HarnessPlan(requested, agent, [str(prefix)], notes)
+    else:  # no turn limit of its own: the gateway enforces one
+        cap = max_turns
+    agent = AgentSpec(
+        harness=requested, model_name=model_name, settings=settings, max_model_calls=cap
+    )
+    return HarnessPlan(requested, agent, [str(prefix)])
 
 
 def agent_plan(max_turns: int, model_name: str) -> HarnessPlan:
