@@ -200,7 +200,14 @@ class EmbeddedTrainer:
         served model on the accepted ones (one policy version)."""
         cfg = self.config
         started = time.perf_counter()
-        tasks = self._tasks("sft", 0, cfg.sft.tasks, cfg.sft.demonstrations, source_split="train")
+        tasks = self._tasks(
+            "sft",
+            0,
+            cfg.sft.tasks,
+            cfg.sft.demonstrations,
+            source_split="train",
+            options=cfg.sft.options,
+        )
         rows, results = demonstrate(
             tasks,
             self.out / "demonstrations",
@@ -264,18 +271,22 @@ class EmbeddedTrainer:
             results = [r for t in done for r in t.results]
         finally:
             policy.temperature = saved
+        kinds = {t.task_id: t.metadata.get("kind") for t in tasks}
         record = {
             "step": self.step,
             **({"phase": phase} if phase else {}),
             "policy_version": self.core.policy_version,
             **_outcomes(results),
+            **_by_kind(results, kinds),
             "eval_s": time.perf_counter() - started,
             "examples": _examples(results, 4),
         }
         assert self.metrics is not None
         self.metrics.eval(record)
+        per_kind = "".join(f" · {k} {v:.2f}" for k, v in record.get("by_kind", {}).items())
         self.echo(
             f"eval at step {self.step}: pass {record['pass_rate']:.3f} ({record['sessions']})"
+            + per_kind
         )
         return record
 
@@ -403,9 +414,11 @@ class EmbeddedTrainer:
         num_samples: int,
         tag: str = "",
         source_split: str | None = None,
+        options: dict[str, Any] | None = None,
     ) -> list[TaskRequest]:
         cfg = self.config
-        tasks = self.source(source_split or split, step, count, cfg.seed, **cfg.tasks.options)
+        merged = {**cfg.tasks.options, **(options or {})}
+        tasks = self.source(source_split or split, step, count, cfg.seed, **merged)
         out = []
         for i, task in enumerate(tasks):
             task_id = f"{split}{tag}-{step}-{i}"
@@ -459,6 +472,21 @@ def _outcomes(results: Sequence[SessionResult]) -> dict[str, Any]:
         "pass_rate": sum(passed) / len(passed) if passed else 0.0,
         **_session_shape(results),
     }
+
+
+def _by_kind(
+    results: Sequence[SessionResult], kinds: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """Pass rate per task kind (``metadata.kind``), when the tasks have kinds: a family whose
+    warm start leaves a kind out shows what GRPO learned there."""
+    groups: dict[str, list[SessionResult]] = {}
+    for r in results:
+        kind = kinds.get(r.task_id)
+        if kind is not None:
+            groups.setdefault(str(kind), []).append(r)
+    if not groups:
+        return {}
+    return {"by_kind": {k: _outcomes(rs)["pass_rate"] for k, rs in sorted(groups.items())}}
 
 
 def _session_shape(results: Sequence[SessionResult]) -> dict[str, Any]:

@@ -70,6 +70,11 @@ class SFTConfig(BaseModel):
     epochs: int = Field(1, ge=1, description="Passes over the accepted demonstrations.")
     lr: float = Field(1e-4, gt=0)
     micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward and step.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Task-source options for the demonstrated tasks, over tasks.options: "
+        "e.g. {kinds: [write, count]} demonstrates two kinds and leaves the third to GRPO.",
+    )
 
 
 class CheckpointConfig(BaseModel):
