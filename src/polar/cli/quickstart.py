@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from polar.quickstart.run import QuickstartOptions, run_quickstart
 from polar.quickstart.summary import summary_table
 
 _DEFAULTS = QuickstartOptions()
+TOOL_USE_OUTPUT = "polar-train-tool-use"
+"""Where ``polar train tool_use`` writes its run (the bundled config's ``output_dir``)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -87,6 +90,12 @@ def add_parser(sub: Any) -> None:
         help="embedded model: smollm2, tiny (a random 2-layer test model), an HF dir or a .gguf",
     )  # fmt: skip
     engine.add_argument(
+        "--trained", nargs="?", const=TOOL_USE_OUTPUT, default=None, metavar="DIR",
+        help="serve the newest checkpoint of a training run instead of --model (default DIR: "
+        f"{TOOL_USE_OUTPUT}, where `polar train tool_use` writes the model that learned to "
+        "call Pi's tools, so sessions take several turns)",
+    )  # fmt: skip
+    engine.add_argument(
         "--threads", type=positive_int, default=None, metavar="N",
         help="CPU threads of the embedded engine (default: all cores but one)",
     )  # fmt: skip
@@ -116,9 +125,30 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def trained_model(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a ``polar train`` run (an HF model directory)."""
+    from polar.training.checkpoints import latest_checkpoint
+
+    return latest_checkpoint(run_dir)
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.engine_url:
         require("embedded", "polar quickstart without --engine-url")
+    if args.trained is not None and args.engine_url:
+        print("polar quickstart: --trained serves a checkpoint on the embedded engine, so it "
+              "cannot go with --engine-url", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.trained is not None:
+        model = trained_model(Path(args.trained))
+        if model is None:
+            print(
+                f"polar quickstart --trained: no finished checkpoint under {args.trained}/"
+                "checkpoints; run `polar train tool_use` first (about 20 minutes on 2 cores)",
+                file=sys.stderr,
+            )
+            return 2
+        args.model = str(model)
     options = QuickstartOptions(
         tasks=args.tasks,
         samples=args.samples,

@@ -128,11 +128,14 @@ def tool_use(
     ro_binds: list[str] | None = None,
     num_samples: int = 4,
     timeout_s: float = 300.0,
+    max_calls: int | None = 6,
 ) -> list[TaskRequest]:
     """``count`` tool-use tasks through ``harness`` (settings default to a compact Pi).
 
     In bubblewrap the harness install (``ro_binds``, default the Polar harness prefix) is bound
     in read-only. The eval split is the same tasks in the same order for every call.
+    ``max_calls`` is the gateway's turn limit (``agent.max_model_calls``): a chore takes three
+    calls, and a policy that repeats a tool call ends there instead of at ``timeout_s``.
     """
     from polar.harnesses.install import default_prefix
     from polar.harnesses.registry import CLI_PRESETS, create_harness
@@ -166,7 +169,11 @@ def tool_use(
                     "num_samples": num_samples,
                     "timeout_seconds": timeout_s,
                     "runtime": {**runtime_spec, "files": dict(chore.files)},
-                    "agent": {"harness": harness, "settings": dict(settings)},
+                    "agent": {
+                        "harness": harness,
+                        "settings": dict(settings),
+                        "max_model_calls": max_calls,
+                    },
                     "builder": {"strategy": "prefix_merging"},
                     "evaluator": {
                         "strategy": "test_on_output",
