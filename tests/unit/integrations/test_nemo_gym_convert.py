@@ -213,6 +213,16 @@ TWO_CALLS = [([100, 101], [50], 1, False), ([102], [51], 0, False)]
             0.0,
         ),
         (
+            {
+                "status": "ERROR",
+                "reward": None,
+                "failure": {"kind": "infra", "reason": "cancelled"},
+            },
+            True,
+            "cancelled",
+            0.0,
+        ),
+        (
             {"status": "ERROR", "reward": None, "failure": {"kind": "quota", "reason": "?"}},
             True,
             "polar:quota",

@@ -162,8 +162,9 @@ class PolarAgent(SimpleResponsesAPIAgent):
         return dict(body["results"][0])
 
     async def _submit(self, task: dict[str, Any]) -> None:
-        # 409: the task already exists (a retried /run raced its first try): wait for it.
-        await self._polar("POST", "/tasks", json=task, allow=(409,))
+        # The same request again (a retried /run) answers the existing task (200); a 409 means
+        # a different task holds the id, and its result must not be taken for ours.
+        await self._polar("POST", "/tasks", json=task)
 
     async def _cancel(self, task_id: str) -> None:
         """Stop an abandoned task's session; a server without ``DELETE /tasks`` lets it run."""

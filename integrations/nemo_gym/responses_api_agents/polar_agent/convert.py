@@ -39,6 +39,7 @@ FAILURE_KINDS: dict[str, str] = {
 # A timeout's partial trace was sampled by the policy and graded by the evaluator: a valid
 # (if poor) measurement, so it is not masked. Everything else says nothing about the policy.
 UNMASKED_FAILURES = frozenset({"timeout"})
+CANCELLED = "cancelled"
 # When a result carries no ``failure`` (an older rollout server), its status decides.
 STATUS_FAILURES: dict[str, str] = {"ERROR": "agent", "TIMEOUT": "timeout"}
 
@@ -373,9 +374,12 @@ def failure_outcome(result: Mapping[str, Any]) -> Outcome:
     if kind is None:
         return Outcome(mask_sample=False)
     reason = failure.get("reason") or result.get("error") or ""
+    gym_kind = FAILURE_KINDS.get(kind, f"polar:{kind}")
+    if kind == "infra" and reason == CANCELLED:
+        gym_kind = CANCELLED  # DELETE /tasks/{id}: Gym has a name for exactly this
     return Outcome(
         mask_sample=kind not in UNMASKED_FAILURES,
-        failure_kind=FAILURE_KINDS.get(kind, f"polar:{kind}"),
+        failure_kind=gym_kind,
         failure_reason=reason[:MAX_REASON] or None,
     )
 
