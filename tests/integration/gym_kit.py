@@ -80,7 +80,10 @@ def gym_venv() -> Path:
              "--ignore-requires-python", f"nemo-gym=={GYM_VERSION}"],
         ]  # fmt: skip
         for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=1500)
+            try:
+                done = subprocess.run(step, capture_output=True, text=True, timeout=1500)
+            except subprocess.TimeoutExpired as exc:
+                raise Unavailable(f"installing nemo-gym=={GYM_VERSION} took over 25 min") from exc
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout)[-1500:]
                 raise Unavailable(f"could not install nemo-gym=={GYM_VERSION}: {tail}")
