@@ -31,7 +31,10 @@ def cluster(tmp_path: Path, tokenizer: Any) -> Iterator[Cluster]:
 def test_four_samples_end_to_end(cluster: Cluster) -> None:
     reply = cluster.submit(shell_task("hello", cluster.receiver))
     assert reply.status_code == 201, reply.text
-    assert cluster.submit(shell_task("hello", cluster.receiver)).status_code == 409
+    again = cluster.submit(shell_task("hello", cluster.receiver))  # a retry: the same task
+    assert again.status_code == 200 and again.json()["created_at"] == reply.json()["created_at"]
+    other = cluster.submit(shell_task("hello", cluster.receiver, num_samples=2))
+    assert other.status_code == 409 and "different request" in other.json()["detail"]
     body = cluster.wait_task("hello", timeout_s=60)
 
     results = [SessionResult.model_validate(r) for r in body["results"]]

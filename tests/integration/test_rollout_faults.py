@@ -16,7 +16,7 @@ import pytest
 from integration.rollout_support.cluster import AGENT, Cluster, shell_task, start_cluster
 from polar.capture.store import CaptureStore
 from polar.schemas.node import SessionDispatch
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
 
 pytestmark = [
     pytest.mark.slow,
@@ -73,6 +73,7 @@ def test_failures_end_as_clear_results_with_what_was_captured(cluster: Cluster) 
     assert len(budget.trajectory.traces) == 1
     assert budget.reward == 0.0  # evaluated: the tool call never ran, no hello.txt
     assert 2.5 < budget.timing["total"] < 10
+    assert budget.failure == SessionFailure(kind="timeout", reason="budget_exhausted")
 
     crash = only_result(cluster, "crash")
     assert crash.status == SessionStatus.ERROR
@@ -80,11 +81,13 @@ def test_failures_end_as_clear_results_with_what_was_captured(cluster: Cluster) 
     assert "agent crashed on purpose" in (crash.error or "")
     assert crash.trajectory is not None and crash.trajectory.status == "ERROR"
     assert crash.trajectory.metadata["num_calls"] == captured(cluster, crash) == 1
+    assert crash.failure == SessionFailure(kind="agent", reason="harness_failed")
 
     boot = only_result(cluster, "boot")
     assert boot.status == SessionStatus.ERROR
     assert "init failed" in (boot.error or "") and "exit 5" in (boot.error or "")
     assert boot.trajectory is None and captured(cluster, boot) == 0
+    assert boot.failure == SessionFailure(kind="infra", reason="runtime_start_failed")
 
     grader = only_result(cluster, "grader")
     assert grader.status == SessionStatus.ERROR
@@ -92,6 +95,7 @@ def test_failures_end_as_clear_results_with_what_was_captured(cluster: Cluster) 
     assert grader.reward is None
     assert grader.trajectory is not None and len(grader.trajectory.traces) == 1
     assert grader.trajectory.metadata["num_calls"] == captured(cluster, grader) == 2
+    assert grader.failure == SessionFailure(kind="evaluator", reason="evaluator_failed")
 
 
 def dispatch_body(session_id: str, **agent_env: str) -> str:
@@ -160,7 +164,42 @@ def test_duplicate_dispatch_starts_once_and_delete_cancels(cluster: Cluster) -> 
         time.sleep(0.05)
     assert time.monotonic() - began < 5
     assert detail["result"]["status"] == "ERROR" and detail["result"]["error"] == "cancelled"
+    assert detail["result"]["failure"] == {"kind": "infra", "reason": "cancelled"}
     assert len(node.store.records(hung)) == 1  # what it captured before the cancel is kept
+
+
+def test_deleting_a_task_cancels_its_sessions_on_their_nodes(cluster: Cluster) -> None:
+    """DELETE /tasks/{id} reaches the nodes: every session stops within seconds, ends ERROR
+    with failure infra/cancelled, and keeps what it captured (the node built it)."""
+    calls_before = sum(e.calls for e in cluster.engines.values())
+    body = shell_task(
+        "cancel-me", cluster.receiver, num_samples=4, agent_env={"AGENT_MODE": "hang"}
+    )
+    assert cluster.submit(body).status_code == 201
+    deadline = time.monotonic() + 20
+    while sum(e.calls for e in cluster.engines.values()) < calls_before + 4:
+        assert time.monotonic() < deadline, "the agents did not make their first call"
+        time.sleep(0.05)  # every agent made its one call and now hangs
+    began = time.monotonic()
+    reply = httpx.delete(f"{cluster.url}/tasks/cancel-me", headers=cluster.headers(), timeout=10)
+    assert reply.status_code == 200, reply.text
+    results = [
+        SessionResult.model_validate(r) for r in cluster.wait_task("cancel-me", 15)["results"]
+    ]
+    assert time.monotonic() - began < 10  # not the 30 s budget
+    assert len(results) == 4
+    for r in results:
+        assert r.status == SessionStatus.ERROR and r.error == "cancelled"
+        assert r.failure == SessionFailure(kind="infra", reason="cancelled")
+        assert r.trajectory is not None and captured(cluster, r) == 1  # kept, built by the node
+    again = httpx.delete(f"{cluster.url}/tasks/cancel-me", headers=cluster.headers(), timeout=10)
+    assert again.status_code == 200 and again.json()["counts"] == {"ERROR": 4}
+    assert cluster.submit(body).status_code == 200  # the same request: the cancelled task
+    assert cluster.submit({**body, "num_samples": 1}).status_code == 409
+    time.sleep(0.3)
+    cancelled = {r.session_id for r in results}
+    keys = [c["key"] for c in cluster.receiver.received if c["key"] in cancelled]
+    assert sorted(keys) == sorted(cancelled)  # each reported once
 
 
 def test_killed_node_sessions_fail_after_grace_and_the_task_completes(
@@ -186,9 +225,11 @@ def test_killed_node_sessions_fail_after_grace_and_the_task_completes(
         on_disk = CaptureStore(c.nodes["b"].store.path)  # the dead node's captures survive
         for r in by_node["b"]:
             assert r.status == SessionStatus.ERROR and "no heartbeat" in (r.error or "")
+            assert r.failure == SessionFailure(kind="infra", reason="node_dead")
             assert len(on_disk.records(r.session_id)) == 1
         on_disk.close()
         assert all(r.status == SessionStatus.TIMEOUT for r in by_node["a"])
+        assert all(r.failure and r.failure.kind == "timeout" for r in by_node["a"])
         assert time.monotonic() - killed_at < 15
     finally:
         c.stop()

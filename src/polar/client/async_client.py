@@ -85,27 +85,37 @@ class AsyncRolloutClient:
     # -- requests ------------------------------------------------------------------------
 
     async def submit(self, task: TaskRequest) -> TaskSummary:
-        """Submit ``task``; a retry after a lost answer is recognised (the server's 409 for
-        the id the first attempt registered) rather than reported as a conflict."""
+        """Submit ``task``. Safe to retry: the server answers the same request again with the
+        task it already has (running or finished); a different request under an existing id
+        is a :class:`RolloutError` (409), never a replacement."""
         body = task.model_dump_json(exclude_unset=True)
-        attempts = 0
         answer: httpx.Response | None = None
 
         async def attempt() -> Outcome:
-            nonlocal attempts, answer
-            attempts += 1
+            nonlocal answer
             answer = await self.http.post(
                 "/tasks", content=body, headers={"content-type": "application/json"}
             )
-            if answer.status_code == 409 and attempts > 1:
-                return Outcome.DELIVERED
             return outcome_of(answer)
 
         outcome = await deliver(attempt, self.retry, what=f"submitting task {task.task_id!r}")
         if outcome is not Outcome.DELIVERED or answer is None:
             raise _refusal(answer, f"submitting task {task.task_id!r}", self.url)
-        if answer.status_code == 409:
-            return await self.summary(task.task_id)
+        return TaskSummary.model_validate_json(answer.content)
+
+    async def cancel(self, task_id: str) -> TaskSummary:
+        """Cancel the task's unfinished sessions (``DELETE /tasks/{id}``; idempotent). They end
+        ERROR with failure kind infra, reason ``cancelled``; those on a node once it reports."""
+        answer: httpx.Response | None = None
+
+        async def attempt() -> Outcome:
+            nonlocal answer
+            answer = await self.http.delete(f"/tasks/{task_id}")
+            return outcome_of(answer)
+
+        outcome = await deliver(attempt, self.retry, what=f"cancelling task {task_id!r}")
+        if outcome is not Outcome.DELIVERED or answer is None:
+            raise _refusal(answer, f"cancelling task {task_id!r}", self.url)
         return TaskSummary.model_validate_json(answer.content)
 
     async def summary(self, task_id: str) -> TaskSummary:

@@ -48,6 +48,9 @@ class RolloutClient:
     def submit(self, task: TaskRequest) -> TaskSummary:
         return self._call(self.aio.submit(task))
 
+    def cancel(self, task_id: str) -> TaskSummary:
+        return self._call(self.aio.cancel(task_id))
+
     def summary(self, task_id: str) -> TaskSummary:
         return self._call(self.aio.summary(task_id))
 

@@ -7,9 +7,9 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import Field
 
@@ -18,11 +18,19 @@ from polar.auth import OPEN, TokenGuard
 from polar.rollout.access import ADMIN, NodeCaller
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.dashboard import router as dashboard_router
-from polar.rollout.service import CallbackRefused, RolloutService
+from polar.rollout.node_provider import NodeProvider
+from polar.rollout.service import RolloutService, TaskRefused
 from polar.rollout.store import TaskConflict
 from polar.schemas.ids import NodeId, TaskId
 from polar.schemas.node import NodeReport, Registered
-from polar.schemas.rollout import NodeView, ResultAck, SessionView, TaskSummary
+from polar.schemas.rollout import (
+    NodeLoss,
+    NodeLost,
+    NodeView,
+    ResultAck,
+    SessionView,
+    TaskSummary,
+)
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
 
 MAX_SAMPLES_PER_TASK = 10_000
@@ -56,15 +64,36 @@ def _caller(request: Request) -> Any:
 router = APIRouter()
 
 
-@router.post("/tasks", status_code=201, tags=["tasks"], responses={409: {}, 422: {}})
-async def submit_task(request: Request, task: TaskSubmission) -> TaskSummary:
-    """Expand ``task`` into ``num_samples`` sessions; 409 while a task with its id runs."""
+@router.post(
+    "/tasks",
+    status_code=201,
+    tags=["tasks"],
+    responses={200: {"model": TaskSummary}, 409: {}, 422: {}},
+)
+async def submit_task(request: Request, response: Response, task: TaskSubmission) -> TaskSummary:
+    """Expand ``task`` into ``num_samples`` sessions (201). The same request again, while the
+    task runs or after it finished, answers that task (200: a retry is safe); a different
+    request under an existing id is 409: a task id is never replaced."""
     try:
-        return await _service(request).submit(TaskRequest(**dict(task)))
+        summary, created = await _service(request).submit(TaskRequest(**dict(task)))
     except TaskConflict as exc:
-        raise HTTPException(status_code=409, detail=f"task {exc} is still running") from exc
-    except CallbackRefused as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from exc
+    except TaskRefused as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
+    if not created:
+        response.status_code = 200
+    return summary
+
+
+@router.delete("/tasks/{task_id}", tags=["tasks"], responses={404: {}})
+async def cancel_task(request: Request, task_id: TaskId) -> TaskSummary:
+    """Cancel the task's unfinished sessions: each ends ERROR, failure ``infra`` /
+    ``cancelled`` (those on a node once the node reports them, with what they captured). The
+    task and its results stay; cancelling again, or a finished task, changes nothing."""
+    summary = await _service(request).cancel(task_id)
+    if summary is None:
+        raise HTTPException(status_code=404, detail=f"unknown task {task_id!r}")
+    return summary
 
 
 @router.get("/tasks", tags=["tasks"])
@@ -161,14 +190,30 @@ async def heartbeat(request: Request, node_id: NodeId, report: NodeReport) -> Re
 
 
 @router.post("/nodes/{node_id}/drain", tags=["nodes"], responses={403: {}, 404: {}})
-async def drain_node(request: Request, node_id: NodeId) -> NodeView:
-    """Drain a node: the operator (admin token) or the node itself."""
+async def drain_node(
+    request: Request,
+    node_id: NodeId,
+    deadline_s: Annotated[float | None, Query(gt=0, le=7 * 24 * 3600)] = None,
+) -> NodeView:
+    """Drain a node: the operator (admin token) or the node itself. With ``deadline_s``, the
+    sessions it still has then end ERROR with failure kind infra (``drain_deadline``)."""
     if _caller(request) != ADMIN:
         _require_node(request, node_id)
     service = _service(request)
-    if await service.drain(node_id) is None:
+    if await service.drain(node_id, deadline_s) is None:
         raise HTTPException(status_code=404, detail=f"unknown node {node_id!r}")
     return next(v for v in service.node_views() if v.node_id == node_id)
+
+
+@router.post("/nodes/{node_id}/lost", tags=["nodes"], responses={401: {}, 404: {}})
+async def node_lost(request: Request, node_id: NodeId, loss: NodeLoss | None = None) -> NodeLost:
+    """The node is gone (Ray saw it die, an operator knows): its unfinished sessions end ERROR
+    now, failure kind infra (``node_lost``), instead of after ``node_grace_s``. Admin only."""
+    reason = (loss or NodeLoss()).reason
+    failed = await _service(request).node_lost(node_id, reason)
+    if failed is None:
+        raise HTTPException(status_code=404, detail=f"unknown node {node_id!r}")
+    return NodeLost(node_id=node_id, failed_sessions=failed)
 
 
 def _require_node(request: Request, node_id: str) -> None:
@@ -228,11 +273,16 @@ async def prometheus_metrics(request: Request) -> Response:
 
 
 def create_rollout_app(
-    config: RolloutServerConfig, *, service: RolloutService | None = None, tokenizer: Any = None
+    config: RolloutServerConfig,
+    *,
+    service: RolloutService | None = None,
+    tokenizer: Any = None,
+    provider: NodeProvider | None = None,
 ) -> FastAPI:
     """The rollout server for ``config``; ``service`` may be injected (tests). With the served
-    model's ``tokenizer``, the dashboard shows trajectories' token text, not only their ids."""
-    service = service or RolloutService(config)
+    model's ``tokenizer``, the dashboard shows trajectories' token text, not only their ids.
+    ``provider`` starts and watches its gateway nodes (default: static, nodes register)."""
+    service = service or RolloutService(config, provider=provider)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -40,18 +40,30 @@ from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
 from polar.rollout.metrics import DEAD, DRAINING, HEALTHY, SILENT, RolloutMetrics
+from polar.rollout.node_provider import NodeProvider, StaticProvider
 from polar.rollout.nodes import NodeRecord, NodeRegistry
 from polar.rollout.scheduler import choose_node
 from polar.rollout.store import RolloutStore, SessionRow, TaskRow
 from polar.schemas.ids import new_session_id
 from polar.schemas.node import NodeReport, NodeSessionInfo, Registered, SessionDispatch
 from polar.schemas.rollout import CallbackState, EventKind, NodeView, SessionView, TaskSummary
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
+from polar.schemas.task import (
+    SessionFailure,
+    SessionResult,
+    SessionStatus,
+    TaskRequest,
+    TaskResult,
+    TaskStatus,
+    settle_failure,
+)
 from polar.tokens import admin_token
 
 log = logging.getLogger("polar.rollout")
 
 _DISPATCH_BATCH = 512
+CANCELLED = "cancelled"
+# A node's ERROR result that names no failure (a node older than the field): scored as before.
+UNSPECIFIED = SessionFailure(kind="agent", reason="unspecified")
 
 
 class RolloutService:
@@ -63,8 +75,10 @@ class RolloutService:
         *,
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.monotonic,
+        provider: NodeProvider | None = None,
     ) -> None:
         self.config = config
+        self.provider: NodeProvider = provider or StaticProvider()
         self.store = RolloutStore(self.config.data_dir)
         token = admin_token(
             host=config.host,
@@ -91,6 +105,7 @@ class RolloutService:
         self._sending: dict[str, asyncio.Task[None]] = {}
         self._known_status: dict[str, SessionStatus] = {}
         self._loops: list[asyncio.Task[None]] = []
+        self._deadlines: dict[str, asyncio.Task[None]] = {}
         self._wake: asyncio.Event | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -123,9 +138,11 @@ class RolloutService:
             asyncio.create_task(self._dispatch_loop(), name="rollout-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="rollout-liveness"),
         ]
+        await self.provider.start(self)
 
     async def stop(self) -> None:
-        tasks = self._loops + list(self._sending.values())
+        await self.provider.stop()
+        tasks = self._loops + list(self._sending.values()) + list(self._deadlines.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -136,9 +153,11 @@ class RolloutService:
 
     # -- tasks ---------------------------------------------------------------------------
 
-    async def submit(self, request: TaskRequest) -> TaskSummary:
-        """Expand a task into sessions; raises ``TaskConflict`` if that id is still running,
-        ``CallbackRefused`` if its callback_url names a host not in ``callback_hosts``."""
+    async def submit(self, request: TaskRequest) -> tuple[TaskSummary, bool]:
+        """Expand a task into sessions, and whether it is new: the same request again (a retry)
+        answers the task that has its id, running or finished. Raises ``TaskConflict`` if a
+        different request has that id, ``CallbackRefused`` if its callback_url names a host
+        not in ``callback_hosts``."""
         url = request.callback_url
         if url and not callback_host_allowed(url, self.config.callback_hosts):
             raise CallbackRefused(
@@ -150,8 +169,20 @@ class RolloutService:
             request = request.model_copy(
                 update={"runtime": request.runtime.model_copy(update={"kind": default_runtime})}
             )
+        refusal = self.provider.refuse(request)
+        if refusal is not None:
+            raise TaskRefused(refusal)
         session_ids = [new_session_id() for _ in range(request.num_samples)]
-        await asyncio.to_thread(self.store.create_task, request, session_ids)
+        if not await asyncio.to_thread(self.store.create_task, request, session_ids):
+            log_event(
+                log,
+                "task.resubmitted",
+                f"task {request.task_id} submitted again with the same request; it stands",
+                task_id=request.task_id,
+            )
+            existing = self.summary(request.task_id)
+            assert existing is not None
+            return existing, False
         self._requests[request.task_id] = request
         self.metrics.tasks_submitted.inc()
         self.events.publish(
@@ -176,7 +207,67 @@ class RolloutService:
         self.wake()
         summary = self.summary(request.task_id)
         assert summary is not None
-        return summary
+        return summary, True
+
+    async def cancel(self, task_id: str) -> TaskSummary | None:
+        """Cancel a task's unfinished sessions (None: unknown task). A session a node holds is
+        cancelled there, and the node reports it (ERROR, failure infra "cancelled", with what
+        it captured); one no node holds, or whose node cannot be told, ends here at once.
+        Idempotent: finished sessions are left as they are."""
+        if await asyncio.to_thread(self.store.task, task_id) is None:
+            return None
+        rows = await asyncio.to_thread(self.store.sessions, task_id)
+        unfinished = [r for r in rows if not r.status.finished]
+        told = await asyncio.gather(*(self._cancel_on_node(r) for r in unfinished))
+        for row, on_node in zip(unfinished, told, strict=True):
+            if not on_node:
+                await self.accept_result(_failed(row, row.node_id, CANCELLED, CANCELLED))
+        if unfinished:
+            log_event(
+                log,
+                "task.cancelled",
+                f"task {task_id} cancelled ({len(unfinished)} unfinished sessions)",
+                task_id=task_id,
+                cancelled_sessions=len(unfinished),
+                on_nodes=sum(told),
+            )
+        return self.summary(task_id)
+
+    async def _cancel_on_node(self, row: SessionRow) -> bool:
+        """Ask the node holding ``row`` to cancel it; True if the node has it and will report
+        its end. A dispatch still in flight is stopped first."""
+        sending = self._sending.get(row.session_id)
+        if sending is not None:
+            sending.cancel()
+        record = self.nodes.get(row.node_id) if row.node_id else None
+        if record is None or record.url is None or record.dead or not row.acknowledged:
+            if record is not None and record.url is not None and not record.dead:
+                await self._delete_on_node(record.url, row)  # it may have it: stop it there
+            return False
+        return await self._delete_on_node(record.url, row)
+
+    async def _delete_on_node(self, url: str, row: SessionRow) -> bool:
+        assert row.node_id is not None
+        try:
+            reply = await self.client.delete(
+                f"{url}/polar/node/sessions/{row.session_id}",
+                headers=self._node_headers(row.node_id),
+                timeout=5,
+            )
+        except httpx.HTTPError as exc:
+            log_event(
+                log,
+                "session.cancel_failed",
+                f"could not tell node {row.node_id} to cancel {row.session_id}: {exc!r};"
+                " ending it here",
+                level=logging.WARNING,
+                session_id=row.session_id,
+                task_id=row.task_id,
+                node_id=row.node_id,
+                error=repr(exc),
+            )
+            return False
+        return reply.status_code == 200
 
     def summary(self, task_id: str) -> TaskSummary | None:
         row = self.store.task(task_id)
@@ -244,7 +335,12 @@ class RolloutService:
         for row in await asyncio.to_thread(self.store.unfinished_on, record.node_id):
             if row.acknowledged and row.session_id not in report.sessions:
                 await self.accept_result(
-                    _failed(row, record.node_id, f"node {record.node_id} restarted and lost it")
+                    _failed(
+                        row,
+                        record.node_id,
+                        f"node {record.node_id} restarted and lost it",
+                        "node_restarted",
+                    )
                 )
         retired = await self._note_statuses(record.node_id, report.sessions)
         self.events.publish(EventKind.NODE_REGISTERED, node_id=record.node_id, url=record.url)
@@ -273,11 +369,19 @@ class RolloutService:
             self.wake()
         return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s(), retired=retired)
 
-    async def drain(self, node_id: str) -> NodeRecord | None:
-        """Stop scheduling to a node and ask it to drain (it finishes what it has)."""
+    async def drain(self, node_id: str, deadline_s: float | None = None) -> NodeRecord | None:
+        """Stop scheduling to a node and ask it to drain (it finishes what it has); with
+        ``deadline_s``, what it still has then is failed as infra (the node stops it)."""
         record = self.nodes.drain(node_id)
         if record is None:
             return None
+        if deadline_s is not None:
+            earlier = self._deadlines.pop(node_id, None)
+            if earlier is not None:
+                earlier.cancel()
+            self._deadlines[node_id] = asyncio.create_task(
+                self._drain_deadline(node_id, deadline_s), name=f"drain-deadline-{node_id}"
+            )
         if record.url:
             try:
                 await self.client.post(
@@ -354,6 +458,7 @@ class RolloutService:
         """Record a node's final result; ``False`` for a duplicate. Raises KeyError if unknown."""
         if not result.status.finished:
             raise ValueError(f"result for {result.session_id} has non-final status {result.status}")
+        result = settle_failure(result, UNSPECIFIED)
         finished = await asyncio.to_thread(self.store.finish, result)
         if not finished.new:
             log_event(
@@ -455,14 +560,14 @@ class RolloutService:
         if not plan:
             return 0
 
-        def bind() -> None:
-            for row, node_id in plan:
-                self.store.assign(row.session_id, node_id)
+        def bind() -> list[tuple[SessionRow, str]]:
+            # A session cancelled since it was read is not bound, nor sent.
+            return [(row, node) for row, node in plan if self.store.assign(row.session_id, node)]
 
-        await asyncio.to_thread(bind)
-        for row, node_id in plan:
+        bound = await asyncio.to_thread(bind)
+        for row, node_id in bound:
             self._send(row, node_id)
-        return len(plan)
+        return len(bound)
 
     def _send(self, row: SessionRow, node_id: str) -> None:
         if row.session_id in self._sending:
@@ -505,7 +610,9 @@ class RolloutService:
                 error=repr(exc),
             )
             self.metrics.dispatch_attempts.labels("error").inc()
-            await self.accept_result(_failed(row, node_id, f"{what} failed: {exc!r}"))
+            await self.accept_result(
+                _failed(row, node_id, f"{what} failed: {exc!r}", "dispatch_failed")
+            )
 
     async def _post_dispatch(
         self, row: SessionRow, node_id: str, body: str, timeout_s: float
@@ -580,7 +687,7 @@ class RolloutService:
             http_status=reply.status_code,
             error=error,
         )
-        await self.accept_result(_failed(row, node_id, error))
+        await self.accept_result(_failed(row, node_id, error, "dispatch_rejected"))
         return Outcome.REJECTED
 
     def _node_headers(self, node_id: str) -> dict[str, str]:
@@ -618,7 +725,7 @@ class RolloutService:
                 " its sessions are lost"
             )
             for row in rows:
-                await self.accept_result(_failed(row, node_id, reason))
+                await self.accept_result(_failed(row, node_id, reason, "node_dead"))
             self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
             log_event(
                 log,
@@ -630,6 +737,52 @@ class RolloutService:
                 error=reason,
             )
         return dead
+
+    async def node_lost(self, node_id: str, reason: str) -> int | None:
+        """A node's loss was observed (Ray saw it die, an operator says so): fail its unfinished
+        sessions now, as infra, instead of after ``node_grace_s``. ``None``: no such node."""
+        known = self.nodes.get(node_id) is not None
+        newly_dead = self.nodes.declare_dead(node_id)
+        rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
+        if not known and not rows:
+            return None
+        error = f"node {node_id} lost ({reason}); its sessions are lost"
+        await self._fail_all(rows, node_id, error, "node_lost")
+        if newly_dead:
+            self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
+        log_event(
+            log,
+            "node.lost",
+            f"{error} ({len(rows)} sessions failed)",
+            level=logging.WARNING,
+            node_id=node_id,
+            failed_sessions=len(rows),
+            error=reason,
+        )
+        return len(rows)
+
+    async def _drain_deadline(self, node_id: str, deadline_s: float) -> None:
+        await asyncio.sleep(deadline_s)
+        self._deadlines.pop(node_id, None)
+        rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
+        error = f"node {node_id} drained: still running at the {deadline_s:g}s deadline"
+        # The node learns from its next heartbeat's answer that these are over and stops them.
+        await self._fail_all(rows, node_id, error, "drain_deadline")
+        log_event(
+            log,
+            "node.drain_deadline",
+            f"{error} ({len(rows)} sessions cancelled)",
+            node_id=node_id,
+            failed_sessions=len(rows),
+        )
+
+    def unfinished_on(self, node_id: str) -> int:
+        """Sessions ``node_id`` still owes (blocking: SQLite)."""
+        return len(self.store.unfinished_on(node_id))
+
+    async def _fail_all(self, rows: list[SessionRow], node_id: str, error: str, why: str) -> None:
+        for row in rows:
+            await self.accept_result(_failed(row, node_id, error, why))
 
     def node_state(self, record: NodeRecord) -> str:
         """healthy, draining, silent (missed heartbeats, not yet dead) or dead."""
@@ -660,7 +813,11 @@ class RolloutService:
         }
 
 
-class CallbackRefused(ValueError):
+class TaskRefused(ValueError):
+    """A task this server will not run (its nodes' provider refuses it, or its callback)."""
+
+
+class CallbackRefused(TaskRefused):
     """A task's callback_url names a host the server may not call."""
 
 
@@ -672,13 +829,15 @@ def callback_host_allowed(url: str, hosts: list[str]) -> bool:
     }
 
 
-def _failed(row: SessionRow, node_id: str, error: str) -> SessionResult:
+def _failed(row: SessionRow, node_id: str | None, error: str, reason: str) -> SessionResult:
+    """A session this server ends itself: the infrastructure failed it, not the policy."""
     return SessionResult(
         session_id=row.session_id,
         task_id=row.task_id,
         status=SessionStatus.ERROR,
         node_id=node_id,
         error=error,
+        failure=SessionFailure(kind="infra", reason=reason),
         metadata={"sample_index": row.sample_index},
     )
 

@@ -51,7 +51,16 @@ _FINAL = tuple(s.value for s in SessionStatus if s.finished)
 
 
 class TaskConflict(Exception):
-    """A task with this id is still running."""
+    """A task with this id exists and was submitted with a different request: a task id is
+    never silently replaced, so a retried submit can never overwrite results."""
+
+    def __init__(self, task_id: str, status: TaskStatus) -> None:
+        super().__init__(
+            f"task {task_id!r} already exists ({status.value}) with a different request; "
+            "submit it under a new task id"
+        )
+        self.task_id = task_id
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -124,19 +133,22 @@ class RolloutStore:
 
     # -- tasks ---------------------------------------------------------------------------
 
-    def create_task(self, request: TaskRequest, session_ids: list[str]) -> None:
-        """Record a task and its sessions; a finished task with the same id is replaced."""
+    def create_task(self, request: TaskRequest, session_ids: list[str]) -> bool:
+        """Record a task and its sessions; False (nothing changed) if the same request already
+        has this id, running or finished. Raises :class:`TaskConflict` if a different one has."""
         now = time.time()
         with self._lock:
             row = self._db.execute(
-                "SELECT status FROM tasks WHERE task_id = ?", (request.task_id,)
+                "SELECT request, status FROM tasks WHERE task_id = ?", (request.task_id,)
             ).fetchone()
-            if row is not None and row[0] == TaskStatus.RUNNING.value:
-                raise TaskConflict(request.task_id)
+            if row is not None:
+                existing = TaskRequest.model_validate_json(row[0])
+                if existing.model_dump(mode="json") == request.model_dump(mode="json"):
+                    return False
+                raise TaskConflict(request.task_id, TaskStatus(row[1]))
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM sessions WHERE task_id = ?", (request.task_id,))
             self._db.execute(
-                "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, NULL)",
+                "INSERT INTO tasks VALUES (?, ?, ?, ?, NULL)",
                 (
                     request.task_id,
                     request.model_dump_json().encode(),
@@ -153,8 +165,7 @@ class RolloutStore:
                 ],
             )
             self._db.execute("COMMIT")
-        self.results_path(request.task_id).unlink(missing_ok=True)
-        self.answer_path(request.task_id).unlink(missing_ok=True)
+        return True
 
     def task(self, task_id: str) -> TaskRow | None:
         with self._lock:
@@ -308,8 +319,9 @@ class RolloutStore:
                 (node_id, digest, time.time()),
             )
 
-    def assign(self, session_id: str, node_id: str) -> None:
-        self._update("node_id = ?, acknowledged = 0", (node_id,), session_id)
+    def assign(self, session_id: str, node_id: str) -> bool:
+        """Bind a waiting session to a node; False if it finished meanwhile (cancelled)."""
+        return self._update("node_id = ?, acknowledged = 0", (node_id,), session_id)
 
     def unassign(self, session_id: str) -> None:
         """The node refused the session (full or draining): it goes back to the queue."""
@@ -373,14 +385,15 @@ class RolloutStore:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _update(self, sets: str, params: tuple[object, ...], session_id: str) -> None:
-        """Change an unfinished session; a finished one is never moved again."""
+    def _update(self, sets: str, params: tuple[object, ...], session_id: str) -> bool:
+        """Change an unfinished session (True); a finished one is never moved again (False)."""
         with self._lock:
-            self._db.execute(
+            cursor = self._db.execute(
                 f"UPDATE sessions SET {sets}, updated_at = ?"
                 f" WHERE session_id = ? AND status NOT IN {_FINAL}",
                 (*params, time.time(), session_id),
             )
+            return cursor.rowcount > 0
 
     def _sessions(self, where: str, params: tuple[object, ...]) -> list[SessionRow]:
         with self._lock:

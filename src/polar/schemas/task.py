@@ -177,7 +177,7 @@ class SessionFailure(BaseModel):
     ``timeout`` the session's budget running out.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: FailureKind
     reason: str = Field(
@@ -218,12 +218,12 @@ class TaskResult(BaseModel):
 
 
 def settle_failure(result: SessionResult, unknown: SessionFailure) -> SessionResult:
-    """``result`` keeping the invariant: a final ERROR or TIMEOUT has a failure (``unknown``
-    where its sender gave none: TIMEOUT is always kind timeout), a COMPLETED one has none."""
+    """``result`` keeping the invariant: a final ERROR or TIMEOUT has a failure (where its
+    sender gave none: ``unknown`` for ERROR, the budget for TIMEOUT), a COMPLETED one none."""
     if result.status == SessionStatus.COMPLETED:
         return result if result.failure is None else result.model_copy(update={"failure": None})
     if not result.status.finished or result.failure is not None:
         return result
     if result.status == SessionStatus.TIMEOUT:
-        unknown = SessionFailure(kind="timeout", reason=unknown.reason or "budget_exhausted")
+        unknown = SessionFailure(kind="timeout", reason="budget_exhausted")
     return result.model_copy(update={"failure": unknown})

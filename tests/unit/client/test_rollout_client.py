@@ -126,8 +126,6 @@ def test_a_submit_whose_answer_was_lost_is_not_an_error() -> None:
         calls.append(f"{request.method} {request.url.path}")
         if len(calls) == 1:
             raise httpx.ReadError("answer lost", request=request)
-        if request.method == "POST":
-            return httpx.Response(409, json={"detail": "task t is still running"})
         summary = {
             "task_id": "t",
             "status": "RUNNING",
@@ -136,22 +134,23 @@ def test_a_submit_whose_answer_was_lost_is_not_an_error() -> None:
             "created_at": 0.0,
             "finished_at": None,
         }
-        return httpx.Response(200, json=summary)
+        return httpx.Response(200, json=summary)  # the same request again: the existing task
 
     fast = RetryPolicy(initial_s=0.001, max_s=0.001, deadline_s=5)
     with RolloutClient("http://r", retry=fast, transport=httpx.MockTransport(handler)) as client:
         summary = client.submit(TaskRequest(task_id="t", instruction="x"))
     assert summary.task_id == "t"
-    assert calls == ["POST /tasks", "POST /tasks", "GET /tasks/t/summary"]
+    assert calls == ["POST /tasks", "POST /tasks"]
 
 
-def test_a_first_409_is_a_conflict() -> None:
+def test_a_409_is_a_conflict() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(409, json={"detail": "task t is still running"})
+        detail = "task 't' already exists (RUNNING) with a different request"
+        return httpx.Response(409, json={"detail": detail})
 
     with (
         RolloutClient("http://r", transport=httpx.MockTransport(handler)) as client,
-        pytest.raises(RolloutError, match=r"409.*still running"),
+        pytest.raises(RolloutError, match=r"409.*different request"),
     ):
         client.submit(TaskRequest(task_id="t", instruction="x"))
 

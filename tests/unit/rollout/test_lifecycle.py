@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from polar.gateway.lifecycle import (
     RunOutcome,
 )
 from polar.schemas.node import SessionDispatch
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
 
 
 @dataclass
@@ -125,6 +126,7 @@ async def test_a_session_goes_through_every_stage_with_timings(node_factory) -> 
     node.submit("a")
     result = await node.result("a")
     assert result.status == SessionStatus.COMPLETED and result.reward == 1.0
+    assert result.failure is None
     assert [e for e, _ in node.journal.events] == ["init", "run", "postrun"]
     assert result.timing["init"] >= 0.02 and result.timing["run"] >= 0.03
     assert result.timing["postrun"] >= 0.01
@@ -188,6 +190,7 @@ async def test_budget_runs_out_in_run_timeout_result_still_post_runs(node_factor
     result = await node.result("slow")
     assert result.status == SessionStatus.TIMEOUT
     assert "ran out during run" in (result.error or "")
+    assert result.failure == SessionFailure(kind="timeout", reason="budget_exhausted")
     assert result.metadata["reached_run"] is True
     assert ("postrun", "slow".ljust(16, "0")) in node.journal.events
     assert 0.15 < result.timing["total"] < 1.0  # budget counted from INIT
@@ -210,6 +213,7 @@ async def test_budget_runs_out_in_init(node_factory) -> None:
     node.submit("a", timeout=0.1)
     result = await node.result("a")
     assert result.status == SessionStatus.TIMEOUT and "during init" in (result.error or "")
+    assert result.failure == SessionFailure(kind="timeout", reason="budget_exhausted")
     assert result.metadata["reached_run"] is False
 
 
@@ -227,6 +231,10 @@ async def test_failures_become_error_results(node_factory) -> None:
     assert boot.status == SessionStatus.ERROR and "init failed: bwrap missing" in boot.error
     assert crash.status == SessionStatus.ERROR and "run failed: exit 3" in crash.error
     assert post.status == SessionStatus.ERROR and "builder bug" in post.error
+    # A runtime that never started says nothing about the policy; a crashed harness does.
+    assert boot.failure == SessionFailure(kind="infra", reason="runtime_start_failed")
+    assert crash.failure == SessionFailure(kind="agent", reason="harness_failed")
+    assert post.failure == SessionFailure(kind="infra", reason="postrun_failed")
     assert "post".ljust(16, "0") in node.journal.aborted
     assert len(node.results) == 3
 
@@ -259,6 +267,7 @@ async def test_cancel_at_any_stage(node_factory, stage: str) -> None:
     node.life.cancel(session.session_id)
     result = await node.result("x")
     assert result.status == SessionStatus.ERROR and result.error == CANCELLED
+    assert result.failure == SessionFailure(kind="infra", reason="cancelled")
     assert result.timing["total"] < 1.0
     run_started = ("run", session.session_id) in node.journal.events
     assert run_started == (stage in ("run", "postrun"))
@@ -271,3 +280,31 @@ async def test_stop_cancels_unfinished_sessions() -> None:
     await asyncio.sleep(0.02)
     await node.life.stop(grace_s=2)
     assert node.results[0].error == CANCELLED
+    assert node.results[0].failure == SessionFailure(kind="infra", reason="cancelled")
+
+
+async def test_an_error_result_without_a_failure_gets_one_a_completed_one_loses_it(
+    node_factory,
+) -> None:
+    """The invariant holds whatever a SessionWork returns: ERROR/TIMEOUT carry a failure,
+    COMPLETED never does."""
+    node = node_factory({})
+    stray = SessionFailure(kind="agent", reason="stray")
+
+    def returning(status: SessionStatus, failure: SessionFailure | None, sid: str) -> Any:
+        async def postrun(outcome: RunOutcome) -> SessionResult:
+            return SessionResult(session_id=sid, task_id="t", status=status, failure=failure)
+
+        return postrun
+
+    for sid, status, failure in (
+        ("e", SessionStatus.ERROR, None),
+        ("c", SessionStatus.COMPLETED, stray),
+    ):
+        session = node.submit(sid)
+        session.work.postrun = returning(status, failure, session.session_id)  # type: ignore[union-attr,method-assign]
+        await node.result(sid)
+    errored, completed = node.results
+    assert errored.status == SessionStatus.ERROR
+    assert errored.failure == SessionFailure(kind="agent", reason="unspecified")
+    assert completed.status == SessionStatus.COMPLETED and completed.failure is None

@@ -20,7 +20,13 @@ from polar.schemas.node import (
     SessionDispatch,
     Workers,
 )
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
+from polar.schemas.task import (
+    SessionFailure,
+    SessionResult,
+    SessionStatus,
+    TaskRequest,
+    TaskStatus,
+)
 
 
 class Clock:
@@ -42,6 +48,8 @@ class FakeNodes:
         self.refusing: set[str] = set()  # nodes answering 429
         self.answers: list[int | bytes | Exception] = []  # the next dispatches' answers, any node
         self.callbacks: list[str] = []
+        self.cancels: list[tuple[str, str]] = []  # (node, session_id) per DELETE
+        self.cancel_answer: int | Exception = 200
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         node = request.url.host
@@ -50,6 +58,11 @@ class FakeNodes:
             return httpx.Response(200)
         if request.url.path == "/polar/node/drain":
             return httpx.Response(200, json={})
+        if request.method == "DELETE":
+            self.cancels.append((node, request.url.path.rsplit("/", 1)[-1]))
+            if isinstance(self.cancel_answer, Exception):
+                raise self.cancel_answer
+            return httpx.Response(self.cancel_answer, json={})
         dispatch = SessionDispatch.model_validate_json(request.content)
         sid = dispatch.session_id
         self.dispatches.append((node, sid))
@@ -131,6 +144,12 @@ def result(sid: str, status: SessionStatus = SessionStatus.COMPLETED) -> Session
     return SessionResult(session_id=sid, task_id="t", status=status, reward=1.0, node_id="a")
 
 
+def failure_of(service: RolloutService, session_id: str) -> SessionFailure | None:
+    row = service.store.session(session_id)
+    assert row is not None and row.result is not None
+    return row.result.failure
+
+
 def task(n: int = 4, **kw: object) -> TaskRequest:
     return TaskRequest(task_id="t", instruction="do", num_samples=n, **kw)  # type: ignore[arg-type]
 
@@ -140,8 +159,8 @@ async def test_task_flows_through_nodes_to_results_and_callbacks(env) -> None:
     service = await make()
     await service.register(report("a"))
     await service.register(report("b"))
-    summary = await service.submit(task(callback_url="http://trainer/cb"))
-    assert summary.num_samples == 4 and summary.status == "RUNNING"
+    summary, created = await service.submit(task(callback_url="http://trainer/cb"))
+    assert created and summary.num_samples == 4 and summary.status == "RUNNING"
     with pytest.raises(TaskConflict):
         await service.submit(task())
     await until(lambda: len(nodes.dispatches) == 4)
@@ -211,6 +230,7 @@ async def test_dead_node_sessions_fail_after_grace_and_task_completes(env) -> No
     assert final is not None and final.status == TaskStatus.COMPLETED
     assert {r.status for r in final.results} == {SessionStatus.ERROR}
     assert "no heartbeat for 10s" in (final.results[0].error or "")
+    assert {r.failure for r in final.results} == {SessionFailure(kind="infra", reason="node_dead")}
     # The node comes back late with a real result: acknowledged, not applied.
     assert not await service.accept_result(result(final.results[0].session_id))
 
@@ -248,6 +268,9 @@ async def test_a_node_that_restarted_loses_its_acknowledged_sessions(env) -> Non
     await service.register(report("a"))  # a fresh node process knows nothing
     view = service.session_views("t")[0]
     assert view.status == SessionStatus.ERROR and "restarted" in (view.error or "")
+    assert failure_of(service, view.session_id) == SessionFailure(
+        kind="infra", reason="node_restarted"
+    )
 
 
 async def test_server_errors_are_retried_to_the_same_node(env) -> None:
@@ -281,6 +304,9 @@ async def test_a_client_error_fails_the_session_at_once(env) -> None:
     await until(lambda: service.summary("t").status == TaskStatus.COMPLETED)  # type: ignore[union-attr]
     view = service.session_views("t")[0]
     assert view.status == SessionStatus.ERROR and "HTTP 400" in (view.error or "")
+    assert failure_of(service, view.session_id) == SessionFailure(
+        kind="infra", reason="dispatch_rejected"
+    )
     await until(lambda: not service._sending)
     assert len(nodes.dispatches) == 1
 
@@ -316,6 +342,9 @@ async def test_an_unexpected_error_in_a_dispatch_fails_the_session_loudly(
     await until(lambda: service.summary("t").status == TaskStatus.COMPLETED)  # type: ignore[union-attr]
     view = service.session_views("t")[0]
     assert view.status == SessionStatus.ERROR and "dispatch of" in (view.error or "")
+    assert failure_of(service, view.session_id) == SessionFailure(
+        kind="infra", reason="dispatch_failed"
+    )
     await until(lambda: not service._sending)
     assert len(nodes.dispatches) == 1
     assert any("broke; failing the session" in r.getMessage() for r in caplog.records)

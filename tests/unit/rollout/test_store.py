@@ -35,17 +35,22 @@ def store(tmp_path: Path) -> RolloutStore:
     s.close()
 
 
-def test_running_task_id_conflicts_finished_one_is_replaced(store: RolloutStore) -> None:
-    store.create_task(task(), ["s1", "s2"])
-    with pytest.raises(TaskConflict):
-        store.create_task(task(), ["s3", "s4"])
+def test_a_task_id_is_never_replaced_the_same_request_again_changes_nothing(
+    store: RolloutStore,
+) -> None:
+    assert store.create_task(task(), ["s1", "s2"])
+    assert not store.create_task(task(), ["s3", "s4"])  # a retry: the running task stands
+    with pytest.raises(TaskConflict, match=r"'t1' already exists \(RUNNING\)"):
+        store.create_task(task(n=1), ["s5"])
     store.finish(result("s1"))
     store.finish(result("s2"))
     assert store.task("t1").status == TaskStatus.COMPLETED  # type: ignore[union-attr]
-    store.create_task(task(n=1), ["s9"])
-    assert [s.session_id for s in store.sessions("t1")] == ["s9"]
-    assert store.task("t1").status == TaskStatus.RUNNING  # type: ignore[union-attr]
-    assert not store.results_path("t1").exists()
+    assert not store.create_task(task(), ["s7", "s8"])  # finished: still not replaced
+    with pytest.raises(TaskConflict, match=r"\(COMPLETED\) with a different request"):
+        store.create_task(task(callback="http://cb"), ["s9"])
+    assert [s.session_id for s in store.sessions("t1")] == ["s1", "s2"]
+    assert store.task("t1").status == TaskStatus.COMPLETED  # type: ignore[union-attr]
+    assert len(store.results_path("t1").read_text().splitlines()) == 2
 
 
 def test_first_final_result_wins_and_completes_the_task(store: RolloutStore) -> None:

@@ -1,13 +1,16 @@
 """GET /tasks/{id} answers from the stored documents: equal to the parsed results, written
-once for a COMPLETED task, never stale after the task id is submitted again."""
+once for a COMPLETED task, unchanged when the task id is submitted again."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.service import RolloutService
+from polar.rollout.store import TaskConflict
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult, TaskStatus
 
 
@@ -31,7 +34,7 @@ def parsed(body: bytes | Path | None) -> TaskResult:
     return TaskResult.model_validate_json(raw)
 
 
-async def test_answer_is_spliced_then_kept_and_replaced_on_resubmit(tmp_path: Path) -> None:
+async def test_answer_is_spliced_then_kept_and_never_replaced(tmp_path: Path) -> None:
     service = RolloutService(RolloutServerConfig(data_dir=tmp_path))
     try:
         await service.submit(TaskRequest(task_id="t", instruction="x", num_samples=3))
@@ -50,10 +53,14 @@ async def test_answer_is_spliced_then_kept_and_replaced_on_resubmit(tmp_path: Pa
         assert [r.reward for r in result.results] == [1.0, 1.0, 1.0]
         assert result.results[0].metadata["note"].endswith("ünïcode")
 
-        await service.submit(TaskRequest(task_id="t", instruction="x", num_samples=2))
-        assert parsed(service.task_result_json("t")).results == []
-        await finish_all(service, "t", reward=0.0)
-        assert [r.reward for r in parsed(service.task_result_json("t")).results] == [0.0, 0.0]
+        # The same request again answers the finished task; a different one is refused.
+        summary, created = await service.submit(
+            TaskRequest(task_id="t", instruction="x", num_samples=3)
+        )
+        assert not created and summary.status is TaskStatus.COMPLETED
+        with pytest.raises(TaskConflict):
+            await service.submit(TaskRequest(task_id="t", instruction="x", num_samples=2))
+        assert parsed(service.task_result_json("t")) == result
         assert service.task_result_json("missing") is None
     finally:
         await service.stop()
