@@ -14,6 +14,10 @@ Sessions that did not finish cleanly are never folded in silently; each status h
 - ``zero_advantage``: left out of the baseline, kept in the batch with advantage 0 (for trainers
   that need fixed group shapes, and so their tokens still count in the normaliser);
 - ``penalize``: counted as a normal sample whose reward is ``failure_reward``.
+
+A session whose failure kind is ``infra`` (node lost, runtime failed to start, cancelled) says
+nothing about the policy: with ``drop_infra_failures`` (the default) it is dropped whatever the
+policy, so it neither scores 0 against its group nor pulls the baseline.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class SessionSample:
     reward: float | None
     traces: tuple[Trace, ...] = ()
     passed: bool | None = None
+    failure_kind: str | None = None
+    """``SessionResult.failure.kind`` (infra, agent, evaluator, timeout) when it failed."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ def samples_from_results(results: Iterable[SessionResult]) -> list[SessionSample
                 reward=reward,
                 traces=traces,
                 passed=passed if isinstance(passed, bool) else None,
+                failure_kind=result.failure.kind if result.failure else None,
             )
         )
     return samples
@@ -134,6 +141,9 @@ def compute_advantages(
         kind = _kind(sample)
         if kind is None:
             groups[sample.group_id].append((sample, sample.reward))
+            continue
+        if sample.failure_kind == "infra" and config.drop_infra_failures:
+            report.dropped["infra"] += 1
             continue
         policy: FailurePolicy = config.on_timeout if kind == "timeout" else config.on_error
         if policy == "drop":

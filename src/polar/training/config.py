@@ -31,6 +31,12 @@ class AdvantageConfig(BaseModel):
     )
     on_timeout: FailurePolicy = Field("zero_advantage", description="TIMEOUT sessions.")
     failure_reward: float = Field(0.0, description="The reward a penalized session counts with.")
+    drop_infra_failures: bool = Field(
+        True,
+        description="Leave sessions that failed for the infrastructure's sake (failure kind "
+        "infra: node lost, runtime failed to start, cancelled) out of the baseline and the "
+        "loss, whatever on_error says: they say nothing about the policy.",
+    )
 
 
 class LossConfig(BaseModel):

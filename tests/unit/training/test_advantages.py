@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.task import SessionFailure, SessionResult, SessionStatus
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 from polar.training.advantages import (
     SessionSample,
@@ -175,3 +175,33 @@ def test_samples_from_results_reads_group_reward_and_status() -> None:
         True,
         (),
     )
+
+
+def test_infra_failures_leave_the_group_whatever_the_error_policy() -> None:
+    """A node lost mid-session says nothing about the policy: it must not score 0 (penalize)
+    nor sit in the group as a zero; with the switch off it follows on_error again."""
+    infra = SessionSample("lost", "g", "ERROR", None, (trace(),), failure_kind="infra")
+    agent = SessionSample("crashed", "g", "ERROR", None, (trace(),), failure_kind="agent")
+    samples = [session("ok1", 1.0), session("ok2", 0.0), infra, agent]
+    config = AdvantageConfig(std_normalize=False, on_error="penalize", failure_reward=0.0)
+    scored, report = compute_advantages(samples, config)
+    adv = {s.session_id: s.advantage for s in scored}
+    assert "lost" not in adv and report.dropped == {"infra": 1}
+    assert report.penalized == {"error": 1}  # the harness's own crash still scores 0
+    assert adv["ok1"] == pytest.approx(1 - 1 / 3) and adv["crashed"] == pytest.approx(-1 / 3)
+
+    kept = config.model_copy(update={"drop_infra_failures": False})
+    scored, report = compute_advantages(samples, kept)
+    assert "lost" in {s.session_id for s in scored} and report.penalized == {"error": 2}
+    assert {s.session_id: s.advantage for s in scored}["ok1"] == pytest.approx(0.75)
+
+
+def test_samples_from_results_carry_the_failure_kind() -> None:
+    lost = SessionResult(
+        session_id="s",
+        task_id="t",
+        status=SessionStatus.ERROR,
+        failure=SessionFailure(kind="infra", reason="node_lost"),
+    )
+    ok = SessionResult(session_id="u", task_id="t", status=SessionStatus.COMPLETED, reward=1.0)
+    assert [s.failure_kind for s in samples_from_results([lost, ok])] == ["infra", None]

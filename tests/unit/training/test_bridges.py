@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskResult
+from polar.schemas.task import (
+    SessionFailure,
+    SessionResult,
+    SessionStatus,
+    TaskRequest,
+    TaskResult,
+)
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 from polar.training.bridges.sessions import main_trace, session_rows
 from polar.training.bridges.slime import PolarSlimeRollout, fill_sample, group_fields
@@ -37,6 +43,7 @@ def result(
     status: SessionStatus = SessionStatus.COMPLETED,
     reward: float | None = 1.0,
     traces: list[Trace] | None = None,
+    failure: str | None = None,
 ) -> SessionResult:
     trajectory = None
     if traces is not None:
@@ -53,6 +60,7 @@ def result(
         status=status,
         reward=reward,
         trajectory=trajectory,
+        failure=SessionFailure(kind=failure, reason="r") if failure else None,  # type: ignore[arg-type]
         metadata={"sample_index": index},
     )
 
@@ -89,6 +97,44 @@ def test_session_rows_order_failures_and_left_out_traces() -> None:
     assert penalized[3].trainable
     with pytest.raises(ValueError, match="expected 5"):
         session_rows(task_result(), expected=5)
+
+
+def infra_group() -> TaskResult:
+    """Two scored sessions, a harness crash and a node lost mid-session (tokens kept)."""
+    merged = MERGED.model_copy(update={"reward": 1.0})
+    return TaskResult(
+        task_id="t",
+        status="COMPLETED",
+        results=[
+            result("s0", 0, traces=[merged]),
+            result("s1", 1, reward=0.0, traces=[merged]),
+            result(
+                "s2", 2, status=SessionStatus.ERROR, reward=None, traces=[merged], failure="agent"
+            ),
+            result(
+                "s3", 3, status=SessionStatus.ERROR, reward=None, traces=[merged], failure="infra"
+            ),
+        ],
+    )
+
+
+def test_infra_failures_are_never_penalized_unless_asked() -> None:
+    rows = session_rows(infra_group(), expected=4, on_failure="penalize", failure_reward=-1.0)
+    assert [r.reward for r in rows] == [1.0, 0.0, -1.0, None]
+    assert [r.trainable for r in rows] == [True, True, True, False]
+    assert rows[3].infra_failure and rows[3].session["failure_kind"] == "infra"
+    kept = session_rows(
+        infra_group(),
+        expected=4,
+        on_failure="penalize",
+        failure_reward=-1.0,
+        drop_infra_failures=False,
+    )
+    assert [r.reward for r in kept] == [1.0, 0.0, -1.0, -1.0]
+    # slime: the infra row takes the mean of the scored ones (1, 0, -1), leaving the baseline
+    fields = group_fields(rows)
+    assert fields[3]["reward"] == pytest.approx(0.0) and fields[3]["remove_sample"] is True
+    assert [f["reward"] for f in group_fields(kept)] == [1.0, 0.0, -1.0, -1.0]
 
 
 # -- slime ---------------------------------------------------------------------------------
@@ -229,6 +275,44 @@ def test_verl_agent_loop_output() -> None:
     assert task.num_samples == 1
 
 
+class SequenceClient(FakeClient):
+    """Answers each run with the next canned result."""
+
+    def __init__(self, answers: list[SessionResult]) -> None:
+        super().__init__(one(answers[0]))
+        self.answers = answers
+
+    def run(self, tasks: list[TaskRequest], timeout_s: float) -> list[TaskResult]:
+        self.submitted.extend(tasks)
+        return [one(self.answers[len(self.submitted) - 1])]
+
+
+def test_verl_reruns_an_infra_failure_so_the_slot_holds_a_real_sample() -> None:
+    lost = result("lost", 0, status=SessionStatus.ERROR, reward=None, failure="infra")
+    good = result("good", 0, reward=0.0, traces=[MERGED])
+    loop = PolarAgentLoop("http://unused", lambda row: base_task())
+    loop.client = SequenceClient([lost, good])  # type: ignore[assignment]
+    out = asyncio.run(loop.run({}))
+    assert out["reward_score"] == 0.0 and out["response_mask"] == MERGED.loss_mask
+    assert out["extra_fields"]["polar"]["infra_retries"] == 1
+    ids = [t.task_id for t in loop.client.submitted]  # type: ignore[attr-defined]
+    assert len(ids) == 2 and len(set(ids)) == 2  # a fresh task, never the same id again
+
+    always = PolarAgentLoop("http://unused", lambda row: base_task(), infra_retries=1)
+    lost_with_tokens = result(
+        "lost", 0, status=SessionStatus.ERROR, reward=None, traces=[MERGED], failure="infra"
+    )
+    always.client = SequenceClient([lost_with_tokens] * 3)  # type: ignore[assignment]
+    out = asyncio.run(always.run({}))
+    polar = out["extra_fields"]["polar"]
+    assert polar["infra_retries"] == 1 and polar["failure_kind"] == "infra"
+    assert set(out["response_mask"]) == {0} and len(always.client.submitted) == 2  # type: ignore[attr-defined]
+
+    off = PolarAgentLoop("http://unused", lambda row: base_task(), drop_infra_failures=False)
+    off.client = SequenceClient([lost_with_tokens, good])  # type: ignore[assignment]
+    assert asyncio.run(off.run({}))["extra_fields"]["polar"]["infra_retries"] == 0
+
+
 def test_verl_failed_session_teaches_nothing_and_long_prompts_are_refused() -> None:
     loop = PolarAgentLoop("http://unused", lambda row: base_task())
     loop.client = FakeClient(  # type: ignore[assignment]
@@ -275,6 +359,16 @@ def test_trl_rollout_columns() -> None:
     assert polar_reward([], [], out["reward"]) == [1.0, 0.0, None, None]
     [task] = func.client.submitted  # type: ignore[attr-defined]
     assert task.num_samples == 4 and task.metadata["rollout_step"] == 5
+
+
+def test_trl_infra_failures_are_unscorable_even_when_penalizing() -> None:
+    func = PolarRolloutFunc(
+        "http://unused", lambda prompt, i: base_task(index=i), on_failure="penalize"
+    )
+    func.client = FakeClient(infra_group())  # type: ignore[assignment]
+    out = func(["p"] * 4, FakeTrainer())
+    assert out["reward"] == [1.0, 0.0, 0.0, None]  # TRL leaves None out of the group's mean
+    assert out["env_mask"][3] == [0] * len(MERGED.response_ids)
 
 
 def test_trl_prompt_grouping() -> None:

@@ -8,7 +8,10 @@ out, so the loss of data is counted, never silent. The embedded trainer has no s
 trains on every trace.
 
 A failed session still fills its slot. Its sample is made untrainable (``zero_advantage``: no
-reward, mask all zero) or keeps its tokens with ``failure_reward`` (``penalize``).
+reward, mask all zero) or keeps its tokens with ``failure_reward`` (``penalize``). A session the
+infrastructure failed (failure kind ``infra``: node lost, runtime failed to start, cancelled)
+is always made untrainable with no reward when ``drop_infra_failures`` is on (the default):
+it says nothing about the policy, so it must not score ``failure_reward`` against its group.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ class SessionSampleRow:
     def failed(self) -> bool:
         return self.result.status != SessionStatus.COMPLETED or self.result.reward is None
 
+    @property
+    def infra_failure(self) -> bool:
+        """Failed for the infrastructure's sake, not the policy's."""
+        failure = self.result.failure
+        return failure is not None and failure.kind == "infra"
+
 
 def main_trace(traces: Sequence[Trace]) -> Trace | None:
     """The trace with the most trainable tokens (the first on a tie)."""
@@ -55,9 +64,11 @@ def session_rows(
     expected: int,
     on_failure: BridgeFailurePolicy = "zero_advantage",
     failure_reward: float = 0.0,
+    drop_infra_failures: bool = True,
 ) -> list[SessionSampleRow]:
     """``expected`` rows for a task, in sample order; the rollout server reports every session,
-    so fewer results is an error, not something to pad over."""
+    so fewer results is an error, not something to pad over. A failed row has reward None
+    (its trainer leaves it out of the group's statistics) unless ``penalize`` applies to it."""
     ordered = sorted(task.results, key=lambda r: int(r.metadata.get("sample_index", 0)))
     if len(ordered) != expected:
         raise ValueError(
@@ -71,6 +82,8 @@ def session_rows(
         session = session_context(trajectory) if trajectory is not None else {}
         session.update(session_id=result.session_id, task_id=result.task_id)
         session["status"] = result.status.value
+        if result.failure is not None:
+            session["failure_kind"] = result.failure.kind
         row = SessionSampleRow(
             result=result,
             trace=trace,
@@ -80,7 +93,8 @@ def session_rows(
             session=session,
         )
         if row.failed:
-            if on_failure == "penalize" and trace is not None:
+            dropped = drop_infra_failures and row.infra_failure
+            if on_failure == "penalize" and trace is not None and not dropped:
                 row.reward = failure_reward
             else:
                 row.reward = None

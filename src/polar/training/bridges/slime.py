@@ -12,7 +12,9 @@ Statuses: a completed session is ``completed`` (``truncated`` when its last turn
 limit), a timed-out one ``truncated``, an errored one ``failed``. A failed session cannot leave
 its group (slime reshapes rewards by ``n_samples_per_prompt``), so with ``zero_advantage`` it
 keeps its slot with an all-zero loss mask, ``remove_sample`` set and the group's mean reward,
-which leaves the group's baseline unchanged and gives it advantage 0.
+which leaves the group's baseline unchanged and gives it advantage 0. With
+``drop_infra_failures`` (the default) a session the infrastructure failed (failure kind
+``infra``) is treated so even under ``penalize``: it says nothing about the policy.
 
 Weight updates: generation is open only while a rollout is collected. The function resumes
 the gateways (stamping ``rollout_id`` as the policy version) when it starts and pauses them
@@ -21,7 +23,8 @@ when it returns, so slime's weight sync that follows runs against idle engines.
 Configuration comes from the environment (slime passes only its own ``args``):
 ``POLAR_ROLLOUT_URL``, ``POLAR_ROLLOUT_TOKEN``, ``POLAR_TASK_FACTORY`` (``module:function``
 taking a Sample and returning a TaskRequest), ``POLAR_GATEWAY_URLS`` (comma separated; default:
-the nodes the rollout server knows), ``POLAR_GATEWAY_TOKEN``, ``POLAR_ON_FAILURE``.
+the nodes the rollout server knows), ``POLAR_GATEWAY_TOKEN``, ``POLAR_ON_FAILURE``,
+``POLAR_DROP_INFRA_FAILURES`` (``1``, the default, or ``0``).
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ class PolarSlimeRollout:
         gateway_urls: Sequence[str] | None = None,
         gateway_token: str | None = None,
         on_failure: BridgeFailurePolicy = "zero_advantage",
+        drop_infra_failures: bool = True,
         timeout_s: float = 3600.0,
     ) -> None:
         self.client = RolloutClient(rollout_url, token=token)
@@ -140,6 +144,7 @@ class PolarSlimeRollout:
         self.gateway_urls = list(gateway_urls) if gateway_urls else None
         self.gateway_token = gateway_token
         self.on_failure = on_failure
+        self.drop_infra_failures = drop_infra_failures
         self.timeout_s = timeout_s
 
     @classmethod
@@ -152,6 +157,9 @@ class PolarSlimeRollout:
         policy = os.environ.get("POLAR_ON_FAILURE", "zero_advantage")
         if policy not in ("zero_advantage", "penalize"):
             raise ConfigError(f"POLAR_ON_FAILURE must be zero_advantage or penalize, not {policy}")
+        drop_infra = os.environ.get("POLAR_DROP_INFRA_FAILURES", "1")
+        if drop_infra not in ("0", "1"):
+            raise ConfigError(f"POLAR_DROP_INFRA_FAILURES must be 1 or 0, not {drop_infra!r}")
         return cls(
             url,
             Registry[TaskRequest]("task factory").get(factory),
@@ -159,6 +167,7 @@ class PolarSlimeRollout:
             gateway_urls=urls or None,
             gateway_token=os.environ.get("POLAR_GATEWAY_TOKEN"),
             on_failure=policy,  # type: ignore[arg-type]
+            drop_infra_failures=drop_infra == "1",
         )
 
     def rollout(self, groups: Sequence[Sequence[Any]], rollout_id: int) -> list[list[Any]]:
@@ -176,7 +185,12 @@ class PolarSlimeRollout:
             control.close()
         filled = []
         for group, result in zip(groups, results, strict=True):
-            rows = session_rows(result, expected=len(group), on_failure=self.on_failure)
+            rows = session_rows(
+                result,
+                expected=len(group),
+                on_failure=self.on_failure,
+                drop_infra_failures=self.drop_infra_failures,
+            )
             filled.append(
                 [
                     fill_sample(sample, fields)

@@ -8,8 +8,10 @@ engine's) and ``env_mask`` (1 on sampled tokens only). The session's reward trav
 ``reward`` column, which :func:`polar_reward` hands back to TRL as a reward function.
 
 A failed session cannot be dropped (TRL needs one row per prompt slot): with ``zero_advantage``
-its row has no reward, which TRL treats as unscorable (advantage 0), and an all-zero
-``env_mask``; with ``penalize`` it keeps its tokens and scores ``failure_reward``.
+its row has no reward, which TRL treats as unscorable (left out of the group's mean and std,
+advantage 0), and an all-zero ``env_mask``; with ``penalize`` it keeps its tokens and scores
+``failure_reward``. With ``drop_infra_failures`` (the default) a session the infrastructure
+failed (failure kind ``infra``) is always unscorable, never penalized.
 
 When TRL trains the very model the engine serves (the embedded engine in the same process),
 pass ``on_new_weights`` (e.g. ``lambda step: core.bump_policy_version()``): it runs before a
@@ -55,6 +57,7 @@ class PolarRolloutFunc:
         timeout_s: float = 3600.0,
         on_failure: BridgeFailurePolicy = "zero_advantage",
         failure_reward: float = 0.0,
+        drop_infra_failures: bool = True,
         on_new_weights: Callable[[int], object] | None = None,
         client: RolloutClient | None = None,
     ) -> None:
@@ -63,6 +66,7 @@ class PolarRolloutFunc:
         self.timeout_s = timeout_s
         self.on_failure = on_failure
         self.failure_reward = failure_reward
+        self.drop_infra_failures = drop_infra_failures
         self.on_new_weights = on_new_weights
         self.exporter = TRLExporter()
         self.run_id = uuid.uuid4().hex[:8]
@@ -96,6 +100,7 @@ class PolarRolloutFunc:
                 expected=n,
                 on_failure=self.on_failure,
                 failure_reward=self.failure_reward,
+                drop_infra_failures=self.drop_infra_failures,
             )
         ]
         self.last_rows = rows

@@ -14,6 +14,13 @@ logprobs with it) and flagged ``extra_fields["polar"]["truncated"]``; a prompt l
 context the model never saw). A failed session (``zero_advantage``) keeps its tokens with an
 all-zero mask and reward 0, so it teaches nothing; verl's group baseline still counts that 0.
 
+verl groups the samples itself after the loop returns, so a sample cannot leave its group.
+With ``drop_infra_failures`` (the default) a session the infrastructure failed (failure kind
+``infra``: node lost, runtime failed to start, cancelled) is run again as a fresh task, up to
+``infra_retries`` times, so its slot holds a real sample rather than a 0 that says nothing about
+the policy; if every try fails that way the failed row stands, and
+``extra_fields["polar"]["failure_kind"]`` says so.
+
 Wire it up with :func:`register_agent_loop` (needs verl) in the module verl imports for agent
 loops, and point the Polar gateway nodes' engine at verl's rollout servers.
 """
@@ -48,6 +55,8 @@ class PolarAgentLoop:
         response_length: int | None = None,
         timeout_s: float = 3600.0,
         on_failure: BridgeFailurePolicy = "zero_advantage",
+        drop_infra_failures: bool = True,
+        infra_retries: int = 2,
         client: RolloutClient | None = None,
     ) -> None:
         self.client = client or RolloutClient(rollout_url, token=token)
@@ -56,6 +65,8 @@ class PolarAgentLoop:
         self.response_length = response_length
         self.timeout_s = timeout_s
         self.on_failure = on_failure
+        self.drop_infra_failures = drop_infra_failures
+        self.infra_retries = max(0, infra_retries)
         self.exporter = VerlExporter()
         self.run_id = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
@@ -64,17 +75,28 @@ class PolarAgentLoop:
         """AgentLoopOutput fields for one sample; ``kwargs`` are the dataset row verl passes
         (``raw_prompt``, ``extra_info``, ...), handed to ``make_task``."""
         started = time.perf_counter()
-        task = self.make_task(kwargs)
-        task_id = f"verl-{self.run_id}-{next(self._counter)}-{task.task_id}"
-        task = task.model_copy(
-            update={
-                "task_id": task_id,
-                "num_samples": 1,
-                "metadata": {**task.metadata, "group_id": task_id},
-            }
-        )
-        [result] = await asyncio.to_thread(self.client.run, [task], self.timeout_s)
-        [row] = session_rows(result, expected=1, on_failure=self.on_failure)
+        made = self.make_task(kwargs)
+        allowed = self.infra_retries if self.drop_infra_failures else 0
+        retries = 0
+        while True:
+            task_id = f"verl-{self.run_id}-{next(self._counter)}-{made.task_id}"
+            task = made.model_copy(
+                update={
+                    "task_id": task_id,
+                    "num_samples": 1,
+                    "metadata": {**made.metadata, "group_id": task_id},
+                }
+            )
+            [result] = await asyncio.to_thread(self.client.run, [task], self.timeout_s)
+            [row] = session_rows(
+                result,
+                expected=1,
+                on_failure=self.on_failure,
+                drop_infra_failures=self.drop_infra_failures,
+            )
+            if not (row.failed and row.infra_failure) or retries >= allowed:
+                break
+            retries += 1
         if row.trace is None:
             raise RuntimeError(
                 f"Polar session {row.result.session_id} produced no trace "
@@ -96,7 +118,11 @@ class PolarAgentLoop:
                 if out[key] is not None:
                     out[key] = out[key][:limit]
         polar = out.pop("extra_fields")
-        polar.update(left_out_traces=row.left_out_traces, truncated=truncated)
+        polar.update(
+            left_out_traces=row.left_out_traces, truncated=truncated, infra_retries=retries
+        )
+        if row.result.failure is not None:
+            polar["failure_kind"] = row.result.failure.kind
         out["reward_score"] = row.reward if row.reward is not None else 0.0
         out["extra_fields"] = {"polar": polar}
         out["metrics"] = {
