@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 
-def test_the_cli_does_not_import_torch_or_transformers() -> None:
+def test_the_cli_does_not_import_torch_transformers_or_ray() -> None:
     probe = (
         "import sys, polar.cli.main as m; m.build_parser(); "
-        "print(sorted(n for n in ('torch', 'transformers', 'trl') if n in sys.modules))"
+        "print(sorted(n for n in ('torch', 'transformers', 'trl', 'ray') if n in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -13,6 +13,7 @@ from polar.cli import (
     generate,
     harness,
     quickstart,
+    ray,
     rollout,
     serve_engine,
     serve_gateway,
@@ -33,6 +34,7 @@ COMMANDS = (
     train,
     swe,
     capture,
+    ray,
 )
 
 

@@ -108,6 +108,16 @@ class NodeRegistry:
                 newly_dead.append(record.node_id)
         return newly_dead
 
+    def declare_dead(self, node_id: str) -> bool:
+        """Mark a node dead now (its loss was observed, not inferred from silence); ``False``
+        if unknown or dead already. Like silence past the grace period, a heartbeat from it
+        is then answered "register again"."""
+        record = self._nodes.get(node_id)
+        if record is None or record.dead:
+            return False
+        record.dead = True
+        return True
+
     def live(self, node_id: str) -> bool:
         """Registered in this server's life and not declared dead."""
         record = self._nodes.get(node_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar.schemas.task import SessionStatus, TaskStatus
 
@@ -66,6 +66,25 @@ class ResultAck(BaseModel):
     session_id: str
     accepted: bool
     duplicate: bool
+
+
+class NodeLoss(BaseModel):
+    """``POST /nodes/{id}/lost``: who saw the node go, and how (goes into each session's error)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(
+        "reported lost by an operator",
+        max_length=500,
+        description="What observed the loss, e.g. 'Ray reports the node dead'.",
+    )
+
+
+class NodeLost(BaseModel):
+    """The answer to ``POST /nodes/{id}/lost``."""
+
+    node_id: str
+    failed_sessions: int = Field(description="Unfinished sessions failed now (kind infra).")
 
 
 class ServerStatus(BaseModel):

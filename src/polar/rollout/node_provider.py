@@ -1,0 +1,75 @@
+"""Where gateway nodes come from: the seam between the rollout server and whatever starts nodes.
+
+``static`` is the default and does nothing: nodes are started by hand (``polar serve-gateway``
+from a topology) and register themselves. ``ray`` (:mod:`polar.ray.provider`) keeps one gateway
+actor on every Ray node that carries the gateway resource and reports the nodes Ray sees die.
+A provider only starts, stops and watches nodes: sessions, results, model calls and callbacks
+travel over HTTP whichever provider runs.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from polar.registry import Registry
+from polar.schemas.task import TaskRequest
+
+
+class NodeHost(Protocol):
+    """What a provider may ask of the rollout server it runs in."""
+
+    async def node_lost(self, node_id: str, reason: str) -> int | None:
+        """Fail ``node_id``'s unfinished sessions now (infra); None if the node is unknown."""
+        ...
+
+    def unfinished_on(self, node_id: str) -> int:
+        """How many sessions ``node_id`` still owes (blocking; call from a thread)."""
+        ...
+
+
+class NodeProvider(Protocol):
+    """Starts, watches and stops gateway nodes for one rollout server."""
+
+    async def start(self, host: NodeHost) -> None:
+        """Begin reconciling; report lost nodes through ``host.node_lost``."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop reconciling. Nodes keep running: a restarted server finds them again."""
+        ...
+
+    async def reconcile(self) -> list[str]:
+        """One round: start missing nodes, report lost ones; returns the node ids lost."""
+        ...
+
+    def refuse(self, request: TaskRequest) -> str | None:
+        """Why nodes of this provider may not run ``request`` (None: they may)."""
+        ...
+
+
+class StaticProvider:
+    """Today's topology: nodes are started elsewhere and register themselves; silence past
+    ``node_grace_s`` is the only loss signal."""
+
+    async def start(self, host: NodeHost) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def reconcile(self) -> list[str]:
+        return []
+
+    def refuse(self, request: TaskRequest) -> str | None:
+        return None
+
+
+def _ray_provider(*args: object, **kwargs: object) -> NodeProvider:
+    from polar.ray.provider import RayNodeProvider  # Ray is imported only when asked for
+
+    return RayNodeProvider(*args, **kwargs)  # type: ignore[arg-type]
+
+
+node_providers: Registry[NodeProvider] = Registry("node provider")
+node_providers.add("static", StaticProvider)
+node_providers.add("ray", _ray_provider)

@@ -1,0 +1,170 @@
+"""The Ray node provider's reconciling against a fake node list (no Ray): one gateway per
+eligible alive node, a dead node reported lost once, a joining node placed, a drained node
+never placed again (across a restart of the server too), unsandboxed runtimes refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from polar.ray.actors import GatewaySpec, auto_workers, gateway_node_id
+from polar.ray.config import PolarRayConfig, RaySection
+from polar.ray.provider import RayNodeProvider
+from polar.rollout.node_provider import StaticProvider, node_providers
+from polar.schemas.task import TaskRequest
+
+HEAD, A, B, C = ("h" * 28, "a" * 28, "b" * 28, "c" * 28)
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.alive: dict[str, dict[str, float]] = {
+            HEAD: {"polar_rollout": 1.0, "CPU": 8.0},
+            A: {"polar_gateway": 1.0},
+            B: {"polar_gateway": 1.0},
+        }
+        self.dead: set[str] = set()
+        self.actors: set[str] = set()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        live = [{"NodeID": n, "Alive": True, "Resources": r} for n, r in self.alive.items()]
+        return live + [{"NodeID": n, "Alive": False, "Resources": {}} for n in self.dead]
+
+    def existing(self) -> set[str]:
+        return set(self.actors)
+
+    def place(self, ray_node: str, spec: GatewaySpec) -> None:
+        assert ray_node not in self.actors, "placed twice"
+        self.actors.add(ray_node)
+
+    def remove(self, ray_node: str) -> None:
+        self.actors.discard(ray_node)
+
+    def kill_node(self, ray_node: str) -> None:
+        del self.alive[ray_node]
+        self.dead.add(ray_node)
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.lost: list[tuple[str, str]] = []
+        self.owed: dict[str, int] = {}
+
+    async def node_lost(self, node_id: str, reason: str) -> int | None:
+        self.lost.append((node_id, reason))
+        return 0
+
+    def unfinished_on(self, node_id: str) -> int:
+        return self.owed.get(node_id, 0)
+
+
+def provider(tmp_path: Path, cluster: FakeCluster, **section: Any) -> RayNodeProvider:
+    config = RaySection.model_validate({"address": "auto", **section})
+    spec = GatewaySpec(gateways=config.gateways, rollout_url="http://r:1", enrolment_secret="s")
+    return RayNodeProvider(config, spec, state_dir=tmp_path, cluster=cluster)  # type: ignore[arg-type]
+
+
+async def test_one_gateway_per_eligible_node_and_a_dead_node_is_lost_once(tmp_path: Path) -> None:
+    cluster, host = FakeCluster(), FakeHost()
+    p = provider(tmp_path, cluster)
+    p.host = host
+    assert await p.reconcile() == []
+    assert cluster.actors == {A, B}  # never the head: it lacks polar_gateway
+    assert await p.reconcile() == [] and cluster.actors == {A, B}  # idempotent
+
+    cluster.kill_node(A)
+    assert await p.reconcile() == [gateway_node_id(A)]
+    assert host.lost == [(gateway_node_id(A), "Ray reports its node dead")]
+    assert await p.reconcile() == [] and len(host.lost) == 1
+    assert cluster.actors == {B}
+
+    cluster.alive[C] = {"polar_gateway": 1.0}  # a node joins
+    await p.reconcile()
+    assert cluster.actors == {B, C}
+
+
+async def test_loss_is_not_reported_when_switched_off(tmp_path: Path) -> None:
+    cluster, host = FakeCluster(), FakeHost()
+    p = provider(tmp_path, cluster, report_node_loss=False)
+    p.host = host
+    await p.reconcile()
+    cluster.kill_node(B)
+    assert await p.reconcile() == [gateway_node_id(B)]
+    assert host.lost == []
+
+
+async def test_a_drained_node_keeps_its_gateway_until_done_and_never_gets_one_again(
+    tmp_path: Path,
+) -> None:
+    cluster, host = FakeCluster(), FakeHost()
+    p = provider(tmp_path, cluster)
+    p.host = host
+    await p.reconcile()
+    node = gateway_node_id(A)
+    host.owed[node] = 2
+    assert p.retire(node, None) and not p.retire("ray-unknown", None)
+    await p.reconcile()
+    assert A in cluster.actors  # still finishing its sessions
+    host.owed[node] = 0
+    await p.reconcile()
+    assert cluster.actors == {B}
+    await p.reconcile()
+    assert cluster.actors == {B}
+
+    # A restarted rollout server remembers the drain (its data dir) and finds B's gateway.
+    again = provider(tmp_path, cluster)
+    again.host = host
+    again.placed |= cluster.existing()
+    await again.reconcile()
+    assert cluster.actors == {B}
+
+
+async def test_a_drain_deadline_retires_the_gateway_even_if_it_still_owes(tmp_path: Path) -> None:
+    cluster, host = FakeCluster(), FakeHost()
+    p = provider(tmp_path, cluster)
+    p.host = host
+    await p.reconcile()
+    host.owed[gateway_node_id(A)] = 1
+    p.retire(gateway_node_id(A), -5.0)  # the deadline (and its margin) already passed
+    await p.reconcile()
+    assert cluster.actors == {B}
+
+
+def test_unsandboxed_runtimes_are_refused_unless_allowed(tmp_path: Path) -> None:
+    local = TaskRequest.model_validate(
+        {"task_id": "t", "instruction": "x", "runtime": {"kind": "local"}}
+    )
+    bwrap = TaskRequest.model_validate(
+        {"task_id": "t", "instruction": "x", "runtime": {"kind": "bubblewrap"}}
+    )
+    strict = provider(tmp_path, FakeCluster())
+    assert "allow_unsandboxed" in (strict.refuse(local) or "")
+    assert strict.refuse(bwrap) is None
+    loose = provider(tmp_path, FakeCluster(), gateways={"allow_unsandboxed": True})
+    assert loose.refuse(local) is None
+    assert StaticProvider().refuse(local) is None
+    assert isinstance(node_providers.create("static"), StaticProvider)
+
+
+def test_the_config_is_strict_and_never_starts_a_cluster_unasked(monkeypatch: Any) -> None:
+    import pytest
+
+    from polar.errors import ConfigError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match="never starts a Ray cluster"):
+        PolarRayConfig().ray.resolved_address()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert PolarRayConfig().ray.resolved_address() == "10.0.0.1:6379"
+    with pytest.raises(ConfigError, match="gatways"):
+        PolarRayConfig.parse({"ray": {"gatways": {}}})
+    with pytest.raises(ConfigError, match="allow_unsandboxed"):
+        PolarRayConfig.parse({"defaults": {"runtime": "local"}})
+    assert PolarRayConfig.parse(
+        {"defaults": {"runtime": "local"}, "ray": {"gateways": {"allow_unsandboxed": True}}}
+    )
+
+
+def test_auto_workers_follow_the_node_cores() -> None:
+    assert auto_workers(16).run == 16 and auto_workers(16).init == 4
+    assert auto_workers(1).run == 1 and auto_workers(1).ready_buffer == 1
