@@ -1,7 +1,8 @@
 """Live smoke test of deploy/slurm/polar-ray.sbatch on a real Slurm: Debian's slurmctld and two
 slurmd (n1, n2) on this host, munge on a private socket, nothing written to /etc (SLURM_CONF
 points at a scratch file). The job starts Ray on both nodes, runs `polar ray up`, and its
-POLAR_RUN runs one session; the test reads what the job left behind.
+POLAR_RUN runs one session, then waits like a long job until the test ends it the documented
+way (scancel --batch --signal=TERM); the test reads what the job left behind.
 
 Both Slurm nodes are one host, so each advertises its own loopback address (n1 127.0.0.11,
 n2 127.0.0.12): a gateway URL on 127.0.0.12 is the proof that it runs on the non-head node,
@@ -36,6 +37,8 @@ PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/sbin/mungekey")
 NODE_IPS = {"n1": "127.0.0.11", "n2": "127.0.0.12"}
 BIN = Path(sys.executable).parent
+RUNNING_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+LINGER_S = 6071  # POLAR_RUN's last step, a long job's stand-in; its command line is unique
 
 
 def _slurm_missing() -> str | None:
@@ -290,6 +293,7 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
         )
     )
     status_file, result_file = slurm.root / "status.json", slurm.root / "result.json"
+    ran = slurm.root / "ran"
     node_ip_cmd = "case $SLURMD_NODENAME in " + " ".join(
         f"{node}) echo {ip};;" for node, ip in NODE_IPS.items()
     )
@@ -308,7 +312,8 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
         "RAY_START_ARGS": f"--object-store-memory={80 * 1024 * 1024}",
         "POLAR_RUN": f'"$POLAR" ray status --json > {status_file} && '
         f"{sys.executable} {slurm.root / 'run_task.py'} {slurm.root / 'call.py'} "
-        f"{slurm.root / 'rollout' / 'rollout.token'} {result_file}",
+        f"{slurm.root / 'rollout' / 'rollout.token'} {result_file} && "
+        f"touch {ran} && sleep {LINGER_S}",
     }
     output = slurm.root / "job.out"
     started = time.monotonic()
@@ -322,7 +327,9 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
         env=env,
     ).strip()
     try:
-        state = _wait_job(slurm, job_id, timeout_s=280)
+        _wait(lambda: ran.exists() or _finished(slurm, job_id), 240, "session run by the job")
+        slurm.run("scancel", "--batch", "--signal=TERM", job_id)
+        state = _wait_job(slurm, job_id, timeout_s=60)
     finally:
         subprocess.run(["scancel", job_id], env=slurm.env, capture_output=True)
     log = output.read_text() if output.exists() else "(no job output)"
@@ -358,26 +365,32 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
     [killed] = [line for line in log.splitlines() if line.startswith("killed: ")]
     gateway_actor = "polar-gw-" + node["node_id"].removeprefix("ray-")
     assert set(killed.removeprefix("killed: ").split(", ")) == {"polar-rollout", gateway_actor}
+    assert "polar-ray: SIGTERM: shutting down" in log
     assert "ray stopped on n1 n2; exit 0" in log
     assert not _processes_under(ray_tmp), "Ray processes of the job survived it"
+    assert not _processes_under(f"sleep {LINGER_S}"), "POLAR_RUN survived the job"
     with pytest.raises(httpx.TransportError):
         httpx.get(node["url"] + "/health", timeout=2)
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _finished(slurm: SlurmCluster, job_id: str) -> bool:
+    return slurm.job_state(job_id)["JobState"] not in RUNNING_STATES
 
 
 def _wait_job(slurm: SlurmCluster, job_id: str, timeout_s: float) -> dict[str, str]:
     deadline = time.monotonic() + timeout_s
     while True:
         state = slurm.job_state(job_id)
-        if state["JobState"] not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        if state["JobState"] not in RUNNING_STATES:
             return state
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} still {state['JobState']} after {timeout_s:g}s")
         time.sleep(0.5)
 
 
-def _processes_under(path: Path) -> list[str]:
-    """Command lines of live processes that mention ``path`` (the job's Ray temp dirs)."""
+def _processes_under(mark: Path | str) -> list[str]:
+    """Command lines of live processes that mention ``mark`` (say, the job's Ray temp dirs)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -386,6 +399,6 @@ def _processes_under(path: Path) -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(path) in cmdline:
+        if str(mark) in cmdline:
             found.append(f"{proc.name}: {cmdline[:200]}")
     return found
