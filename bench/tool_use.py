@@ -90,7 +90,7 @@ def run_record(seed: int, out: Path) -> dict[str, Any]:
         if e is None or not e["sessions"]:
             return None
         keys = ("pass_rate", "sessions", "calls_per_session", "calls_per_trace", "merge_breaks")
-        return {k: e[k] for k in keys}
+        return {**{k: e[k] for k in keys}, "by_kind": e.get("by_kind", {})}
 
     return {
         "seed": seed,
@@ -150,6 +150,8 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
             "after": se(mean(after)),
         },
         "gain_exceeds_3x_spread": gain > 3 * max(spread(before), spread(after)),
+        "grpo_gain_exceeds_3x_spread": bool(sft)
+        and mean(after) - mean(sft) > 3 * max(spread(sft), spread(after)),
         "gain_exceeds_3x_noise": gain > 3 * noise,
         "calls_per_session_before": mean(
             [r["before"]["calls_per_session"] for r in runs if r["before"]]
@@ -192,6 +194,7 @@ def markdown(report: dict[str, Any]) -> str:
         "binomial SE of one eval (before / after warm start / after): "
         + " / ".join(f"{v:.3f}" for v in report["eval_binomial_se"].values())
         + f" (n = {report['eval_tasks']}); gain > 3 x spread: {report['gain_exceeds_3x_spread']}"
+        f"; GRPO's part > 3 x spread: {report['grpo_gain_exceeds_3x_spread']}"
         f", > 3 x max(spread, SE): {report['gain_exceeds_3x_noise']}",
     ]
     return "\n".join(lines)
