@@ -350,7 +350,7 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
     url = urlsplit(node["url"])
     assert url.hostname == "127.0.0.12" and url.port and url.port > 0, node
     assert node["healthy"] and not node["dead"], node
-    assert f"ready: 1 gateways: {node['node_id']}" in log
+    assert f"polar up: rollout server {status['rollout_url']}, 1 gateways" in log
 
     # The session ran on that gateway and its model call came back with exact tokens.
     result = json.loads(result_file.read_text())
