@@ -273,9 +273,16 @@ RUN_TASK = textwrap.dedent(
 )
 
 
-def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None:
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """The job's RAY_TMP: short, as Ray puts Unix sockets under it (107-byte paths)."""
+    path = Path(tempfile.mkdtemp(prefix="psr-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster, ray_tmp: Path) -> None:
     job_dir = slurm.root / "job"
-    ray_tmp = Path(tempfile.mkdtemp(prefix="psr-", dir="/tmp"))
     (slurm.root / "call.py").write_text(CALL)
     (slurm.root / "run_task.py").write_text(RUN_TASK)
     (slurm.root / "polar-ray.yaml").write_text(
@@ -352,7 +359,8 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
     assert node["healthy"] and not node["dead"], node
     assert f"polar up: rollout server {status['rollout_url']}, 1 gateways" in log
 
-    # The session ran on that gateway and its model call came back with exact tokens.
+    # The session ran on that gateway; its model call's sampled tokens, with their logprobs,
+    # are the trace's trainable part.
     result = json.loads(result_file.read_text())
     assert result["status"] == "COMPLETED", result
     [session] = result["results"]
@@ -360,6 +368,7 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
     assert session["node_id"] == node["node_id"] and session["reward"] == 1.0
     [trace] = session["trajectory"]["traces"]
     assert trace["response_ids"] and trace["prompt_ids"] and all(trace["loss_mask"])
+    assert len(trace["response_logprobs"]) == len(trace["response_ids"])
 
     # The end: Polar's actors killed by polar ray down, the Ray processes of this job gone.
     [killed] = [line for line in log.splitlines() if line.startswith("killed: ")]
@@ -371,7 +380,6 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster) -> None
     assert not _processes_under(f"sleep {LINGER_S}"), "POLAR_RUN survived the job"
     with pytest.raises(httpx.TransportError):
         httpx.get(node["url"] + "/health", timeout=2)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _finished(slurm: SlurmCluster, job_id: str) -> bool:
