@@ -38,13 +38,14 @@ async def until_calls_spent(work: Awaitable[T], session: GatewaySession | None) 
     spent = asyncio.ensure_future(session.budget_spent.wait())
     try:
         await asyncio.wait({run, spent}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the stage was cancelled (its time budget, a cancel): so is the run
+        await _stop(run)
+        raise
     finally:
         spent.cancel()
     message = f"the session's budget of {cap} model calls ran out"
     if not run.done():
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await run
+        await _stop(run)
         raise ModelCallsSpent(message)
     try:
         return run.result()
@@ -52,3 +53,10 @@ async def until_calls_spent(work: Awaitable[T], session: GatewaySession | None) 
         if session.budget_spent.is_set():
             raise ModelCallsSpent(message) from exc
         raise
+
+
+async def _stop(run: asyncio.Future[T]) -> None:
+    """Cancel the harness run (the runtime kills its process tree) and wait until it is gone."""
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await run

@@ -76,3 +76,24 @@ async def test_a_crash_before_the_cap_stays_a_crash_and_a_clean_run_returns() ->
     assert not isinstance(crash.value, ModelCallsSpent)
     assert await until_calls_spent(fine(), session) == "ok"
     assert await until_calls_spent(fine(), None) == "ok"
+
+
+async def test_cancelling_the_stage_cancels_the_harness_run_too() -> None:
+    session = GatewaySession("ps-f", metadata={"max_model_calls": 4})
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def harness() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    stage = asyncio.create_task(until_calls_spent(harness(), session))
+    await started.wait()
+    stage.cancel()  # what the lifecycle does when the session's time budget runs out
+    with pytest.raises(asyncio.CancelledError):
+        await stage
+    assert cancelled.is_set()
