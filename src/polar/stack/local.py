@@ -44,7 +44,9 @@ class LocalStack:
     the rollout server's dashboard shows token text. ``ready_buffer`` is
     the node's (default: one prepared runtime per run slot; 0 starts a session's runtime, and
     so its time budget, only when a run slot is free). ``postrun_workers`` build and evaluate
-    finished sessions at once (raise it when evaluations run tests).
+    finished sessions at once (raise it when evaluations run tests). ``loop`` is uvicorn's
+    event loop for both servers: ``"asyncio"`` when several stacks in one process start
+    harnesses (uvloop refuses to spawn processes from two loops at once).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class LocalStack:
         ready_buffer: int | None = None,
         admin_token: str | None = None,
         tokenizer: Any = None,
+        loop: str = "auto",
     ) -> None:
         self.engine = engine
         self.work_dir = Path(work_dir)
@@ -79,6 +82,7 @@ class LocalStack:
         self.ready_buffer = run_workers if ready_buffer is None else ready_buffer
         self.admin_token = admin_token
         self.tokenizer = tokenizer
+        self.loop = loop
         self.rollout: BackgroundServer | None = None
         self.gateway: BackgroundServer | None = None
         self.gateway_app: Any = None
@@ -187,7 +191,7 @@ class LocalStack:
             default_runtime=self.runtime,
         )
         self.rollout_app = create_rollout_app(config, tokenizer=self.tokenizer)
-        self.rollout = BackgroundServer(self.rollout_app).start()
+        self.rollout = BackgroundServer(self.rollout_app, loop=self.loop).start()
 
     def _start_gateway(self) -> None:
         assert self.rollout is not None
@@ -217,7 +221,7 @@ class LocalStack:
         self.gateway_app = create_gateway_app(
             config, engine=self.engine, store=CaptureStore(self.capture_db)
         )
-        self.gateway = BackgroundServer(self.gateway_app, sock=sock).start()
+        self.gateway = BackgroundServer(self.gateway_app, loop=self.loop, sock=sock).start()
 
     def _wait_for_node(self, timeout_s: float = 30.0) -> None:
         token = self.rollout_token
