@@ -1,22 +1,27 @@
 """Polar as a NeMo Gym environment, end to end: real Gym 0.7.0 (``ng_run`` +
 ``ng_collect_rollouts``) drives the polar_agent server, which runs each rollout as one session
-on a live Polar stack (scripted engine with SmolLM2's tokenizer, the scripted tool-using agent
-under the ``shell`` harness). Every token-bearing item must equal the capture store's record
-for its call; rewards come from Polar's evaluator, or from Gym's string_match verifier; a
-crashing harness is masked, a timed-out one keeps its partial trace.
+on a live Polar stack. Two stacks, one Gym: a scripted engine with SmolLM2's tokenizer under
+the scripted tool-using agent, and the embedded engine (the random ``tiny`` model with
+SmolLM2's tokenizer; ``POLAR_EMBEDDED_MODEL=smollm2`` for the real one) under a two-call
+agent. Every token-bearing item must equal the capture store's record for its call; rewards
+come from Polar's evaluator, or from Gym's string_match verifier; a crashing harness is masked,
+a timed-out one keeps its partial trace, and a ``/run`` that outwaits ``wait_timeout_s``
+cancels its session through ``DELETE /tasks/{id}``.
 
 Skips (saying why) without Python 3.13 or when nemo-gym cannot be installed. The first run
-installs the Gym venv (~4 min, cached under Polar's cache dir); then ~1 min.
+installs the Gym venv (~4 min, cached under Polar's cache dir); then ~2 min.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -33,8 +38,10 @@ from integration.gym_kit import (
     start_group,
 )
 from integration.rollout_support.cluster import AGENT, ConversationEngine
+from polar.engines.embedded import EmbeddedEngineCore, load_model
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import Script, ScriptedBackend
+from polar.gateway.config import SamplingPolicy
 from polar.stack.local import LocalStack
 
 pytestmark = [pytest.mark.slow, pytest.mark.nemo_gym]
@@ -48,6 +55,37 @@ TEMPLATE = {
     "builder": {"strategy": "prefix_merging"},
     "evaluator": {"strategy": "test_on_output", "config": {"command": "test -f hello.txt"}},
 }
+
+
+# Two model calls whatever the model says; the second reply is the answer.
+TWO_CALL_AGENT = """\
+import json, os, sys, urllib.request
+
+def complete(messages):
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "polar", "messages": messages}).encode(),
+        headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                 "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return json.load(reply)["choices"][0]["message"].get("content") or ""
+
+messages = [{"role": "user", "content": sys.argv[1]}]
+messages += [{"role": "assistant", "content": complete(messages)},
+             {"role": "user", "content": "Now say it in other words."}]
+open("answer.txt", "w").write(complete(messages))
+"""
+# A grade that depends on what the model sampled: pass on an even-length answer.
+EVEN_LENGTH = "python3 -c \"import sys; sys.exit(len(open('answer.txt').read()) % 2)\""
+EMBEDDED_TEMPLATE = {
+    "timeout_seconds": 120,
+    "runtime": {"kind": "local", "files": {"agent.py": TWO_CALL_AGENT}},
+    "agent": {"harness": "shell", "settings": {"command": "python3 agent.py {instruction}"}},
+    "builder": {"strategy": "prefix_merging"},
+    "evaluator": {"strategy": "test_on_output", "config": {"command": EVEN_LENGTH}},
+}
+IMPATIENT_WAIT_S = 4  # the /run gives up long before the session's own 60 s budget
 
 
 def row(agent: str, text: str, **fields: Any) -> dict[str, Any]:
@@ -68,6 +106,10 @@ ROWS = [
     row("polar_agent", "Crash.", polar_task={"agent": {"env": {"AGENT_MODE": "crash"}}}),
     row("polar_agent", "Hang.", polar_task={"timeout_seconds": 3,
                                             "agent": {"env": {"AGENT_MODE": "hang"}}}),
+    row("polar_agent_embedded", "Name a colour."),
+    row("polar_agent_embedded", "Count to three."),
+    row("polar_agent_impatient", "Hang.", polar_task={"timeout_seconds": 60,
+                                                      "agent": {"env": {"AGENT_MODE": "hang"}}}),
 ]  # fmt: skip
 
 
@@ -76,6 +118,7 @@ class Collected:
     records: list[dict[str, Any]]
     out: Path
     stack: LocalStack
+    embedded: LocalStack
     venv: Path
 
     def of(self, agent: str, task_index: int) -> list[dict[str, Any]]:
@@ -107,31 +150,55 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Iterator[
         served_model="SmolLM2-135M-Instruct",
         runtime="local",
         run_workers=2,
+        loop="asyncio",  # two stacks in this process start harnesses at once
     ) as s:
         yield s
 
 
-def overlay(stack: LocalStack) -> dict[str, Any]:
-    """Our test's additions to the shipped agent config: where Polar is, the scripted task,
-    and a second agent graded by Gym's string_match."""
-    polar = {
+@pytest.fixture(scope="module")
+def embedded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    core = EmbeddedEngineCore(load_model(os.environ.get("POLAR_EMBEDDED_MODEL", "tiny")))
+    try:
+        with LocalStack.embedded(
+            core,
+            tmp_path_factory.mktemp("polar-embedded"),
+            sampling=SamplingPolicy(max_tokens=12),
+            runtime="local",
+            run_workers=4,
+            loop="asyncio",
+        ) as s:
+            yield s
+    finally:
+        core.close()
+
+
+def polar_config(stack: LocalStack, template: dict[str, Any], **more: Any) -> dict[str, Any]:
+    config = {
+        "entrypoint": "app.py",
         "polar_url": stack.rollout_url,
         "polar_token": stack.rollout_token,
         "poll_interval_s": 0.5,
-        "task_template": TEMPLATE,
+        "task_template": template,
     }
+    return {"responses_api_agents": {"polar_agent": config | more}}
+
+
+def overlay(stack: LocalStack, embedded: LocalStack) -> dict[str, Any]:
+    """Our test's additions to the shipped agent config: where Polar is, the scripted task, a
+    second agent graded by Gym's string_match, one on the embedded stack, and an impatient
+    one that cancels."""
     return {
-        "polar_agent": {"responses_api_agents": {"polar_agent": polar}},
-        "polar_agent_verified": {
-            "responses_api_agents": {
-                "polar_agent": {
-                    "entrypoint": "app.py",
-                    **polar,
-                    "reward_source": "resources_server",
-                    "resources_server": {"type": "resources_servers", "name": "string_match"},
-                }
-            }
-        },
+        "polar_agent": polar_config(stack, TEMPLATE),
+        "polar_agent_verified": polar_config(
+            stack,
+            TEMPLATE,
+            reward_source="resources_server",
+            resources_server={"type": "resources_servers", "name": "string_match"},
+        ),
+        "polar_agent_embedded": polar_config(embedded, EMBEDDED_TEMPLATE),
+        "polar_agent_impatient": polar_config(
+            stack, TEMPLATE, wait_timeout_s=IMPATIENT_WAIT_S, cancel_wait_s=30
+        ),
         "string_match": {
             "resources_servers": {"string_match": {"entrypoint": "app.py", "domain": "knowledge"}}
         },
@@ -140,10 +207,13 @@ def overlay(stack: LocalStack) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def collected(
-    venv: Path, stack: LocalStack, tmp_path_factory: pytest.TempPathFactory
+    venv: Path,
+    stack: LocalStack,
+    embedded_stack: LocalStack,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Collected]:
     work = tmp_path_factory.mktemp("gym")
-    (work / "overlay.yaml").write_text(yaml.safe_dump(overlay(stack)))
+    (work / "overlay.yaml").write_text(yaml.safe_dump(overlay(stack, embedded_stack)))
     (work / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     venvs = server_venvs(venv, work / "venvs")
     head_port = free_port()
@@ -171,16 +241,16 @@ def collected(
             servers.stop()
     out = work / "out.jsonl"
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    yield Collected(records, out, stack, venv)
+    yield Collected(records, out, stack, embedded_stack, venv)
 
 
 def token_items(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [i for i in record["response"]["output"] if "generation_token_ids" in i]
 
 
-def assert_exact(collected: Collected, record: dict[str, Any], calls: int) -> None:
+def assert_exact(stack: LocalStack, record: dict[str, Any], calls: int) -> None:
     """The record's token-bearing items are exactly the session's captured calls."""
-    captured = collected.stack.store.records(record["polar_session_id"])
+    captured = stack.store.records(record["polar_session_id"])
     items = token_items(record)
     assert len(items) == len(captured) == calls
     for item, call in zip(items, captured, strict=True):
@@ -200,7 +270,7 @@ def test_polar_rewarded_rollouts_carry_the_exact_captured_tokens(collected: Coll
         for record in collected.of("polar_agent", task_index):
             assert record["reward"] == 1.0 and record["mask_sample"] is False
             assert record["failure_kind"] is None and record["polar_status"] == "COMPLETED"
-            assert_exact(collected, record, calls=2)
+            assert_exact(collected.stack, record, calls=2)
             kinds = [i["type"] for i in record["response"]["output"]]
             assert kinds == ["function_call", "function_call_output", "message"]
             assert record["response"]["output"][-1]["content"][0]["text"] == ANSWER
@@ -213,7 +283,7 @@ def test_a_gym_verifier_grades_the_final_answer(collected: Collected) -> None:
         assert record["polar_reward"] == 1.0  # Polar's evaluator is kept beside it
         assert record["extracted_answer"] == ANSWER  # the verifier's own fields pass through
         assert record["mask_sample"] is False
-        assert_exact(collected, record, calls=2)
+        assert_exact(collected.stack, record, calls=2)
     assert [r["reward"] for r in right] == [1.0] * REPEATS
     assert [r["reward"] for r in wrong] == [0.0] * REPEATS
 
@@ -225,12 +295,53 @@ def test_a_crashed_harness_is_masked_and_a_timeout_keeps_its_partial_trace(
         assert record["polar_status"] == "ERROR"
         assert record["mask_sample"] is True and record["failure_kind"] == "agent_run_error"
         assert record["reward"] == 0.0
-        assert_exact(collected, record, calls=1)  # the tokens sampled before the crash
+        assert_exact(collected.stack, record, calls=1)  # the tokens sampled before the crash
     for record in collected.of("polar_agent", 5):
         assert record["polar_status"] == "TIMEOUT"
         assert record["mask_sample"] is False and record["failure_kind"] == "agent_timeout"
         assert record["reward"] == 0.0  # the evaluator ran: no hello.txt
-        assert_exact(collected, record, calls=1)
+        assert_exact(collected.stack, record, calls=1)
+
+
+def polar_result(stack: LocalStack, record: dict[str, Any]) -> dict[str, Any]:
+    """The rollout server's own result for the record's session."""
+    task_id = record["response"]["metadata"]["polar_task_id"]
+    reply = httpx.get(
+        f"{stack.rollout_url}/tasks/{task_id}",
+        headers={"authorization": f"Bearer {stack.rollout_token}"},
+        timeout=30,
+    )
+    reply.raise_for_status()
+    [result] = reply.json()["results"]
+    assert result["session_id"] == record["polar_session_id"]
+    return dict(result)
+
+
+def test_the_embedded_engines_tokens_come_back_exactly(collected: Collected) -> None:
+    for task_index in (6, 7):
+        for record in collected.of("polar_agent_embedded", task_index):
+            assert record["polar_status"] == "COMPLETED" and record["failure_kind"] is None
+            assert record["mask_sample"] is False and record["polar_chain_end"] is None
+            assert_exact(collected.embedded, record, calls=2)  # both calls, one chain
+            for call in collected.embedded.store.records(record["polar_session_id"]):
+                assert call.engine == "embedded" and 0 < len(call.sampled_ids) <= 12
+            # The reward is Polar's evaluator's, and that graded what the model wrote.
+            answer = record["response"]["output"][-1]["content"][0]["text"]
+            assert record["reward"] == polar_result(collected.embedded, record)["reward"]
+            assert record["reward"] == float(len(answer) % 2 == 0)
+
+
+def test_a_run_that_outwaits_wait_timeout_cancels_its_session(collected: Collected) -> None:
+    for record in collected.of("polar_agent_impatient", 8):
+        result = polar_result(collected.stack, record)
+        assert result["status"] == "ERROR"
+        assert result["failure"] == {"kind": "infra", "reason": "cancelled"}
+        assert record["polar_status"] == "ERROR" and record["mask_sample"] is True
+        assert record["failure_kind"] == "cancelled" and record["reward"] == 0.0
+        # What it sampled before the cancel, if its harness got that far on a busy machine.
+        captured = collected.stack.store.records(record["polar_session_id"])
+        assert len(captured) <= 1
+        assert_exact(collected.stack, record, calls=len(captured))
 
 
 GYM_CHECKS = """
@@ -241,7 +352,8 @@ count = 0
 for line in open(sys.argv[1]):
     record = json.loads(line)
     assert_prefix_contiguity(record["response"])
-    assert rollout_carries_token_ids(record)
+    # Gym sees tokens exactly where we handed some on (a cancel may come before any call).
+    assert rollout_carries_token_ids(record) == (record["polar_token_calls"] > 0)
     count += 1
 print(count)
 """

@@ -50,6 +50,12 @@ class PolarAgentConfig(BaseResponsesAPIAgentConfig):
     resources_server: ResourcesServerRef | None = None
     poll_interval_s: float = Field(default=2.0, gt=0)
     wait_timeout_s: float = Field(default=7200.0, gt=0)
+    cancel_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="After wait_timeout_s cancels a task, how long to wait for its session's "
+        "result (ERROR, failure_kind cancelled, with what it captured) before a stand-in.",
+    )
     model_name: str = Field(default="polar", description="The model name written on responses.")
     task_template: dict[str, Any] = Field(
         default_factory=dict, description="A Polar TaskRequest without task_id and instruction."
@@ -148,7 +154,26 @@ class PolarAgent(SimpleResponsesAPIAgent):
                     return result
             left = deadline - time.monotonic()
             if left <= 0:
-                await self._cancel(task_id)
+                return await self._give_up(task_id, wakeup)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), min(self.config.poll_interval_s, left))
+            wakeup.clear()
+
+    async def _give_up(self, task_id: str, wakeup: asyncio.Event) -> dict[str, Any]:
+        """Cancel a task that ran past ``wait_timeout_s`` and return its session's result once
+        the node reports it (``cancel_wait_s``); a stand-in if it does not, or cannot."""
+        await self._cancel(task_id)
+        deadline = time.monotonic() + self.config.cancel_wait_s
+        while True:
+            try:
+                result = await self._task_result(task_id)
+            except PolarError as exc:
+                LOG.warning("could not read cancelled Polar task %s: %s", task_id, exc)
+                result = None
+            if result is not None:
+                return result
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return _abandoned(task_id, self.config.wait_timeout_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), min(self.config.poll_interval_s, left))
