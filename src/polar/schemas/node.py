@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import ipaddress
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar.schemas.ids import NodeId, SessionId, TaskId
 from polar.schemas.task import SessionStatus, TaskRequest
@@ -61,6 +64,19 @@ class NodeStatus(BaseModel):
     workers: Workers
     stages: StageCounts = Field(default_factory=StageCounts)
     finished: int = Field(0, ge=0, description="Sessions finished since the node started.")
+
+    @field_validator("url")
+    @classmethod
+    def _bracketed_host_is_ipv6(cls, url: str) -> str:
+        """The pattern lets any hex in brackets through; an HTTP client would refuse ``[2FD]``
+        at the first dispatch, so it is refused at register instead."""
+        bracketed = re.match(r"^https?://\[([^\]]*)\]", url)
+        if bracketed is not None:
+            try:
+                ipaddress.IPv6Address(bracketed.group(1))
+            except ValueError:
+                raise ValueError(f"{bracketed.group(1)!r} is not an IPv6 address") from None
+        return url
 
     @property
     def capacity(self) -> int:

@@ -69,3 +69,17 @@ def test_expected_node_that_never_returns_dies_after_grace() -> None:
     registry.register(status("back"))
     clock.now += 6
     assert registry.expire() == ["old"]
+
+
+def test_a_node_url_must_be_one_an_http_client_can_call() -> None:
+    import httpx
+    import pytest
+    from pydantic import ValidationError
+
+    workers = Workers(init=1, run=1, postrun=1, ready_buffer=0, queue_limit=1)
+    for url in ("http://[::1]:8080", "https://[2001:db8::7]/polar", "http://10.0.0.5:9"):
+        NodeStatus(node_id="n", url=url, workers=workers)
+        httpx.URL(url)  # what the rollout server will dispatch to
+    for url in ("http://[2FD]:80", "http://[:::]", "http://h:0", "ftp://h", "http://h:99999"):
+        with pytest.raises(ValidationError):
+            NodeStatus(node_id="n", url=url, workers=workers)

@@ -58,9 +58,12 @@ def node_schema(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Any
 # Trace and Trajectory check cross-field rules (loss_mask as long as response_ids) that JSON
 # Schema cannot state: schema-valid bodies that break them are rightly refused with 422. A
 # task's callback_url must name a host of the server's allow-list (its config, not the schema).
+# A node URL's bracketed host must be a real IPv6 address, which the pattern only approximates.
 LENIENT = {
     "POST /results": [positive_data_acceptance],
     "POST /tasks": [positive_data_acceptance],
+    "POST /nodes/register": [positive_data_acceptance],
+    "POST /nodes/{node_id}/heartbeat": [positive_data_acceptance],
 }
 
 
