@@ -104,8 +104,14 @@ def main() -> int:
 
         with BackgroundServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as http:
             request = TaskRequest(task_id="big", instruction="x", num_samples=samples)
-            assert http.post("/tasks", content=request.model_dump_json(),
-                             headers={"content-type": "application/json"}).status_code == 201
+            assert (
+                http.post(
+                    "/tasks",
+                    content=request.model_dump_json(),
+                    headers={"content-type": "application/json"},
+                ).status_code
+                == 201
+            )
             shape = trajectory(args.tokens, rng)
             for view in http.get("/tasks/big/sessions").json():
                 result = SessionResult(
@@ -115,8 +121,11 @@ def main() -> int:
                     reward=1.0,
                     trajectory=shape,
                 )
-                reply = http.post("/results", content=result.model_dump_json(),
-                                  headers={"content-type": "application/json"})
+                reply = http.post(
+                    "/results",
+                    content=result.model_dump_json(),
+                    headers={"content-type": "application/json"},
+                )
                 assert reply.status_code == 200, reply.text
             size = len(http.get("/tasks/big").content)
             now = timed(http, "/tasks/big", reads)

@@ -349,7 +349,6 @@ def test_config_is_strict():
         BuilderConfig(template_repair=["no_such_rule"])
 
 
-
 def test_call_spans_locate_each_calls_sampled_ids_and_context_in_the_trace():
     r1 = record([1, 2, 3], [10, 11, 99])
     r2 = record([1, 2, 3, 10, 11, 99, 50, 51], [20, 21, 99])
