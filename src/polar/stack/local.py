@@ -189,6 +189,11 @@ class LocalStack:
             dispatch_retry=RetryPolicy(initial_s=0.05, max_s=1.0, timeout_s=30.0),
             callback_retry=RetryPolicy(initial_s=0.1, max_s=1.0, deadline_s=60.0),
             default_runtime=self.runtime,
+            # The node lives in this process: silence means the process is starved (a loaded
+            # machine, a long update holding the GIL), not a dead node. With the 30 s default
+            # a run on 2 busy cores lost 8 live sessions that way.
+            heartbeat_timeout_s=60.0,
+            node_grace_s=900.0,
         )
         self.rollout_app = create_rollout_app(config, tokenizer=self.tokenizer)
         self.rollout = BackgroundServer(self.rollout_app, loop=self.loop).start()
