@@ -45,7 +45,7 @@ LAYERS: list[set[str]] = [
         "swe",
     },
     {"gateway", "rollout"},
-    {"stack", "training", "quickstart", "generation"},
+    {"stack", "training", "quickstart", "generation", "ray"},
     {"cli"},
 ]
 # Same layer, yet they must not know each other: they talk only over HTTP, through schemas/.

@@ -21,7 +21,7 @@ from typing import Any
 from polar.logs import log_event
 from polar.ray.actors import GatewayActor, GatewaySpec, gateway_node_id
 from polar.ray.config import GATEWAY_ACTOR_PREFIX, UNSANDBOXED_RUNTIMES, RaySection, refusal
-from polar.rollout.node_provider import NodeHost
+from polar.rollout.node_provider import NodeHost, node_providers
 from polar.schemas.task import TaskRequest
 
 log = logging.getLogger("polar.ray")
@@ -228,3 +228,6 @@ class RayCluster:
 
 def _actor_name(ray_node: str) -> str:
     return f"{GATEWAY_ACTOR_PREFIX}{ray_node[:12]}"
+
+
+node_providers.add("ray", RayNodeProvider)

@@ -64,12 +64,7 @@ class StaticProvider:
         return None
 
 
-def _ray_provider(*args: object, **kwargs: object) -> NodeProvider:
-    from polar.ray.provider import RayNodeProvider  # Ray is imported only when asked for
-
-    return RayNodeProvider(*args, **kwargs)  # type: ignore[arg-type]
-
-
 node_providers: Registry[NodeProvider] = Registry("node provider")
+"""``static`` here; ``ray`` registers itself when :mod:`polar.ray` is imported (a layer above
+the rollout server, which never imports it)."""
 node_providers.add("static", StaticProvider)
-node_providers.add("ray", _ray_provider)

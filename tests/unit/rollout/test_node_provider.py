@@ -168,3 +168,9 @@ def test_the_config_is_strict_and_never_starts_a_cluster_unasked(monkeypatch: An
 def test_auto_workers_follow_the_node_cores() -> None:
     assert auto_workers(16).run == 16 and auto_workers(16).init == 4
     assert auto_workers(1).run == 1 and auto_workers(1).ready_buffer == 1
+
+
+def test_the_ray_provider_is_registered_by_polar_ray_not_by_the_rollout_server() -> None:
+    import polar.ray.provider as ray_provider
+
+    assert node_providers.get("ray") is ray_provider.RayNodeProvider
