@@ -724,8 +724,7 @@ class RolloutService:
                 f"node {node_id} sent no heartbeat for {self.config.node_grace_s:g}s;"
                 " its sessions are lost"
             )
-            for row in rows:
-                await self.accept_result(_failed(row, node_id, reason, "node_dead"))
+            await self._fail_all(rows, node_id, reason, "node_dead")
             self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
             log_event(
                 log,
