@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -66,7 +67,10 @@ def main() -> None:
             started = time.perf_counter()
             EmbeddedTrainer(config, echo=print).run(resume=False)
             wall = time.perf_counter() - started
-            (config.output_dir / "wall_s.json").write_text(json.dumps({"wall_s": wall}))
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+            (config.output_dir / "wall_s.json").write_text(
+                json.dumps({"wall_s": wall, "peak_rss_mb": round(peak_mb)})
+            )
         runs.append(run_record(seed, config.output_dir))
         print(json.dumps({k: runs[-1][k] for k in ("seed", "before", "sft", "after")}), flush=True)
     report = summarise(base.model_dump(mode="json"), runs)
@@ -109,6 +113,7 @@ def run_record(seed: int, out: Path) -> dict[str, Any]:
         "mean_step_s": statistics.fmean(r["step_s"] for r in train) if train else 0.0,
         "eval_s": [round(e["eval_s"], 1) for e in evals],
         "run_s": json.loads(wall.read_text())["wall_s"] if wall.exists() else None,
+        "peak_rss_mb": json.loads(wall.read_text()).get("peak_rss_mb") if wall.exists() else None,
         "max_logprob_mismatch": max((r["logprob_mismatch_max"] for r in train), default=0.0),
         "examples_after": evals[-1]["examples"] if evals else [],
     }
