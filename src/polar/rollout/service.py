@@ -724,17 +724,7 @@ class RolloutService:
                 f"node {node_id} sent no heartbeat for {self.config.node_grace_s:g}s;"
                 " its sessions are lost"
             )
-            await self._fail_all(rows, node_id, reason, "node_dead")
-            self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
-            log_event(
-                log,
-                "node.dead",
-                f"{reason} ({len(rows)} sessions failed)",
-                level=logging.WARNING,
-                node_id=node_id,
-                failed_sessions=len(rows),
-                error=reason,
-            )
+            await self._lose_node(node_id, rows, reason, "node_dead", cause=reason)
         return dead
 
     async def node_lost(self, node_id: str, reason: str) -> int | None:
@@ -746,19 +736,33 @@ class RolloutService:
         if not known and not rows:
             return None
         error = f"node {node_id} lost ({reason}); its sessions are lost"
-        await self._fail_all(rows, node_id, error, "node_lost")
-        if newly_dead:
+        await self._lose_node(node_id, rows, error, "node_lost", cause=reason, dead=newly_dead)
+        return len(rows)
+
+    async def _lose_node(
+        self,
+        node_id: str,
+        rows: list[SessionRow],
+        error: str,
+        why: str,
+        *,
+        cause: str,
+        dead: bool = True,
+    ) -> None:
+        """Fail a node's unfinished ``rows`` (infra ``why``), announce its death (``dead``: the
+        first time it is declared) and log ``node.<dead|lost>``."""
+        await self._fail_all(rows, node_id, error, why)
+        if dead:
             self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
         log_event(
             log,
-            "node.lost",
+            "node." + why.removeprefix("node_"),
             f"{error} ({len(rows)} sessions failed)",
             level=logging.WARNING,
             node_id=node_id,
             failed_sessions=len(rows),
-            error=reason,
+            error=cause,
         )
-        return len(rows)
 
     async def _drain_deadline(self, node_id: str, deadline_s: float) -> None:
         await asyncio.sleep(deadline_s)
