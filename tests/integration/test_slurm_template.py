@@ -173,7 +173,10 @@ def slurm() -> Iterator[SlurmCluster]:
     ports = {"ctld_port": _free_port(), "n1_port": _free_port(), "n2_port": _free_port()}
     conf = root / "slurm.conf"
     conf.write_text(SLURM_CONF.format(root=root, **ports))
-    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{BIN}:{os.environ['PATH']}:/usr/sbin"}
+    # test_ray_cluster sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 process-wide when it is
+    # collected (before `import ray`); a joining `ray start --address` refuses to run with it.
+    inherited = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env = {**inherited, "SLURM_CONF": str(conf), "PATH": f"{BIN}:{os.environ['PATH']}:/usr/sbin"}
     daemons = _Daemons()
     cluster = SlurmCluster(root, env)
     try:
@@ -335,12 +338,16 @@ def test_template_starts_ray_and_polar_on_two_nodes(slurm: SlurmCluster, ray_tmp
     ).strip()
     try:
         _wait(lambda: ran.exists() or _finished(slurm, job_id), 240, "session run by the job")
-        slurm.run("scancel", "--batch", "--signal=TERM", job_id)
+        if not _finished(slurm, job_id):  # a job that ended early is shown below, not signalled
+            slurm.run("scancel", "--batch", "--signal=TERM", job_id)
         state = _wait_job(slurm, job_id, timeout_s=60)
     finally:
         subprocess.run(["scancel", job_id], env=slurm.env, capture_output=True)
     log = output.read_text() if output.exists() else "(no job output)"
     print(f"job {job_id} took {time.monotonic() - started:.1f}s:\n{log}")
+    for name in ("ray-n1.log", "ray-n2.log"):  # each node's Ray, when the job failed
+        if state["JobState"] != "COMPLETED" and (job_dir / name).exists():
+            print(f"--- {name}:\n{(job_dir / name).read_text()[-3000:]}")
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", (state, log)
 
     # Ray: the head on n1, the gateway node on n2, each with its own address.
