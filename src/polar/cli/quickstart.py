@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,10 @@ def trained_model(run_dir: Path) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ctrl-C (SIGINT) stops the run and still writes it. A process started in the background
+    # of a non-interactive shell inherits SIGINT *ignored*, and Python then keeps it ignored:
+    # the run would go on to the end. Take the default handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if not args.engine_url:
         require("embedded", "polar quickstart without --engine-url")
     if args.trained is not None and args.engine_url:
