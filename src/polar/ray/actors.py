@@ -87,11 +87,7 @@ class GatewayActor:
             capture_db=root / "captures.db",
             node=NodeConfig(
                 node_id=self.node_id,
-                init_workers=workers.init,
-                run_workers=workers.run,
-                postrun_workers=workers.postrun,
-                ready_buffer=workers.ready_buffer,
-                queue_limit=workers.queue_limit,
+                **workers.node_options(),
                 work_dir=root / "sessions",
                 rollout_url=spec.rollout_url,
                 rollout_token=spec.enrolment_secret,

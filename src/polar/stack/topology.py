@@ -32,6 +32,16 @@ class WorkerCounts(BaseModel):
     ready_buffer: int = Field(4, ge=0, description="0 runs INIT inline on the run slot.")
     queue_limit: int = Field(256, ge=1, description="Sessions a node accepts before 429.")
 
+    def node_options(self) -> dict[str, int]:
+        """These counts as :class:`NodeConfig` keyword arguments."""
+        return {
+            "init_workers": self.init,
+            "run_workers": self.run,
+            "postrun_workers": self.postrun,
+            "ready_buffer": self.ready_buffer,
+            "queue_limit": self.queue_limit,
+        }
+
 
 class NodeSpec(BaseModel):
     """One gateway node: where it listens, its engine, its worker counts."""
@@ -103,11 +113,7 @@ class Topology(BaseModel):
             admin_token=spec.admin_token,
             node=NodeConfig(
                 node_id=spec.id,
-                init_workers=spec.workers.init,
-                run_workers=spec.workers.run,
-                postrun_workers=spec.workers.postrun,
-                ready_buffer=spec.workers.ready_buffer,
-                queue_limit=spec.workers.queue_limit,
+                **spec.workers.node_options(),
                 work_dir=work_dir,
                 rollout_url=self.rollout.base_url(),
                 # The enrolment secret: configured, else the token file of a rollout server
