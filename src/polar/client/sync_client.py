@@ -92,12 +92,24 @@ class RolloutClient:
         return self._call(self.aio.run(tasks, timeout_s, progress))
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (a :meth:`start_wait`, a call Ctrl-C left),
+        close the connections, then stop the loop: a task left pending there would be
+        destroyed with the loop ("Task was destroyed but it is pending!")."""
         if self._loop.is_closed():
             return
-        self._call(self.aio.aclose())
+        self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
+
+    async def _shutdown(self) -> None:
+        here = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not here]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self.aio.aclose()
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
     def __enter__(self) -> RolloutClient:
         return self

@@ -3,6 +3,9 @@ event stream to completion, progress, timeouts, a lost submit answer, a dropped 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -103,6 +106,37 @@ def test_wait_times_out_naming_the_unfinished_tasks(server: BackgroundServer) ->
         client.submit(task("slow", n=1))
         with pytest.raises(RolloutTimeout, match=r"1 task.*slow"):
             client.wait(["slow"], timeout_s=0.5)
+
+
+def test_closing_with_a_wait_still_running_leaves_no_pending_task(tmp_path: Path) -> None:
+    """``start_wait`` (or a call Ctrl-C interrupted) still running at ``close()``: the process
+    exits without asyncio's "Task was destroyed but it is pending!" and the wait is cancelled."""
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from polar.client import RolloutClient
+        from polar.gateway.server import BackgroundServer
+        from polar.rollout.app import create_rollout_app
+        from polar.rollout.config import RolloutServerConfig
+        from polar.schemas.task import TaskRequest
+
+        config = RolloutServerConfig(data_dir=Path({str(tmp_path)!r}), admin_token="t")
+        with BackgroundServer(create_rollout_app(config)) as server:
+            client = RolloutClient(server.url, token="t")
+            client.submit(TaskRequest(task_id="a", instruction="x", num_samples=1))
+            waiting = client.start_wait(["a"], timeout_s=60)
+            time.sleep(0.5)  # the wait follows the event stream now
+            client.close()
+            print("cancelled" if waiting.cancelled() else "not cancelled")
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "cancelled"
+    assert "Task was destroyed" not in run.stderr, run.stderr
 
 
 def test_views_are_typed_and_a_wrong_token_is_a_clear_error(server: BackgroundServer) -> None:
