@@ -314,3 +314,60 @@ async def test_calls_survive_a_restart_and_records_page_and_report_a_corrupt_row
         assert bad.status_code == 500 and "corrupt record" in bad.json()["detail"]
     app_services(app).store.close()
     assert polar_main(["capture", "verify", str(db)]) == 1
+
+
+async def _recovery_s(gw: Gateway, keys: list[str], clear: Any) -> tuple[float, list[int]]:
+    """Calls on ``keys`` (no other traffic: no new session, no admin write) before and after
+    ``clear()`` ends the fault; how long after it the first call succeeded, and every status."""
+    statuses: list[int] = []
+    cleared_at: list[float] = []
+    body = {**POISON["openai_chat"][1], "user": secrets.token_hex(20_000)}  # never fits a page
+
+    async def caller(client: httpx.AsyncClient, key: str) -> float:
+        while True:
+            reply = await client.post(f"/s/{key}/v1/chat/completions", json=body)
+            statuses.append(reply.status_code)
+            if reply.status_code == 200 and cleared_at:
+                return time.monotonic() - cleared_at[0]
+            assert reply.status_code in (503, 507), reply.text
+            if time.monotonic() - (cleared_at or [time.monotonic()])[0] > 10:
+                raise AssertionError(f"no recovery 10 s after the fault cleared: {statuses[-5:]}")
+            await asyncio.sleep(0.05)
+
+    async def clearing() -> None:
+        await clear()
+        cleared_at.append(time.monotonic())
+
+    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+        done = await asyncio.gather(clearing(), *(caller(client, k) for k in keys))
+    return min(done[1:]), statuses
+
+
+async def test_a_full_store_recovers_within_a_second_under_call_traffic_alone(gateway):
+    gw = gateway()
+    keys = await _keys(gw, 3)
+    gw.store.max_bytes = 4096  # the disk is full (SQLite keeps what is there)
+
+    async def space_returns() -> None:
+        await asyncio.sleep(2.5)
+        gw.store.max_bytes = None
+
+    recovered, statuses = await _recovery_s(gw, keys, space_returns)
+    assert 507 in statuses and recovered < 1.0, (recovered, statuses)
+    assert gw.store.fault is None
+
+
+async def test_a_25_s_write_lock_recovers_within_a_second_under_call_traffic_alone(gateway):
+    gw = gateway()  # the default busy timeout (10 s): the lock outlasts two of them
+    keys = await _keys(gw, 3)
+    other = sqlite3.connect(gw.store.path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+
+    async def lock_released() -> None:
+        await asyncio.sleep(25)
+        other.execute("ROLLBACK")
+        other.close()
+
+    recovered, statuses = await _recovery_s(gw, keys, lock_released)
+    assert 503 in statuses and recovered < 1.0, (recovered, statuses)
+    assert gw.store.fault is None

@@ -12,7 +12,8 @@ are dropped whenever a batch rolls back. When the store itself cannot commit (di
 write lock held past the busy timeout, an I/O error), every waiter of that batch gets
 :class:`InsufficientStorage` (507) or :class:`CaptureUnavailable` (503) naming the cause, new
 appends are refused at once, and one append every ``retry_after_s`` goes through as a probe:
-the first that commits ends the fault. Reads keep working throughout.
+the first that commits ends the fault, so call traffic alone recovers the store within
+``retry_after_s`` of the fault clearing. Reads keep working throughout.
 """
 
 from __future__ import annotations
@@ -154,18 +155,24 @@ class CaptureStore:
 
     # -- writing -------------------------------------------------------------------------
 
-    async def append(self, record: CaptureRecord) -> CaptureRecord:
+    async def append(self, record: CaptureRecord, *, checked: bool = False) -> CaptureRecord:
         """Store ``record`` durably; returns it with its per-session ``seq`` assigned.
+
+        ``checked``: the caller already passed :meth:`check_writable` for this record (the
+        gateway does before the engine call), so the write goes straight to the writer: a call
+        is refused at most once per check, and the check's probe really probes.
 
         Raises :class:`CaptureError` if this record cannot be stored exactly, and
         :class:`CaptureUnavailable` / :class:`InsufficientStorage` while the store cannot commit.
         """
-        self.check_writable()
+        if not checked:
+            self.check_writable()
         return await asyncio.wrap_future(self.submit(("record", record)))
 
     def check_writable(self) -> None:
         """Raises the store's fault while it has one, except once every ``retry_after_s``: that
-        caller goes on and its write probes whether the fault has cleared."""
+        caller goes on and its write probes whether the fault has cleared (so it must reach the
+        writer: pass ``checked=True`` to :meth:`append`)."""
         fault = self._fault
         if fault is None:
             return

@@ -306,7 +306,7 @@ class Proxy:
         record = self._record(
             provider, session, normalized, body, result, prepared.started, version, prepared.flags
         )
-        await self.metrics.capture_commit(self.store.append(record))
+        await self.metrics.capture_commit(self.store.append(record, checked=True))
         self.metrics.tokens(provider.name, len(record.prompt_ids), len(record.sampled_ids))
         if plan is not None and self.prompts is not None:
             self.prompts.remember(session.session_id, plan, record.completion_id, result)
@@ -322,7 +322,10 @@ class Proxy:
                     facts = await discover(self.config, self.engine)
                     if facts.renderer is not None:
                         self.prompts = TokenPrompts(
-                            facts.renderer, self.config.render.turns_kept, self.sessions
+                            facts.renderer,
+                            self.config.render,
+                            self.sessions,
+                            self.engine.regex_constraint,
                         )
                     self._facts = facts
         return self._facts
