@@ -30,7 +30,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.checkouts import default_cache_dir, shared_checkout
+from polar.runtimes.spawn import Child, spawn
 from polar.schemas.task import ImageSource, RuntimeSpec
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
@@ -150,40 +151,26 @@ async def _feed_stdin(stream: asyncio.StreamWriter | None, data: bytes) -> None:
         pass  # the process exited without reading all of its input
 
 
-async def _exited(proc: asyncio.subprocess.Process) -> int:
-    """The exit status as soon as the main process ends.
-
-    ``Process.wait()`` also waits for the output pipes to close, which a background child that
-    inherited them can delay forever.
-    """
-    delay = 0.005
-    while proc.returncode is None:
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    return proc.returncode
-
-
-def _killpg(proc: asyncio.subprocess.Process) -> None:
+def _killpg(proc: Child) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def run_cli(argv: list[str], timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, str, str]:
     """Run a container CLI command to completion; (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await spawn(argv)
     try:
         async with asyncio.timeout(timeout_s):
-            out, err = await proc.communicate()
+            out, err, code = await asyncio.gather(
+                proc.stdout.read(), proc.stderr.read(), proc.exited()
+            )
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        proc.popen.kill()
+        await proc.exited()
         return -9, "", f"{argv[0]} {argv[1]} timed out after {timeout_s:g}s"
-    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+    finally:
+        proc.close()
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def run_cli_checked(argv: list[str], failure: str, timeout_s: float = CLI_TIMEOUT_S) -> str:
@@ -258,7 +245,7 @@ class Runtime(ABC):
             _check_relative(rel)
         if spec.network not in ("gateway", "host"):
             raise ConfigError(f"runtime.network must be gateway or host, got {spec.network!r}")
-        self._running: dict[str, asyncio.subprocess.Process] = {}
+        self._running: dict[str, Child] = {}
         self._started = False
         self._stopped = False
 
@@ -424,7 +411,7 @@ class Runtime(ABC):
     async def _shutdown(self) -> None:  # noqa: B027 - as above
         """Release what :meth:`_boot` acquired."""
 
-    async def _kill(self, exec_id: str, proc: asyncio.subprocess.Process) -> None:
+    async def _kill(self, exec_id: str, proc: Child) -> None:
         """Kill one exec entirely (default: its host process group)."""
         _killpg(proc)
 
@@ -488,27 +475,26 @@ class Runtime(ABC):
         self, launch: Launch, exec_id: str, timeout_s: float | None, stdin: bytes | None
     ) -> ExecResult:
         began = time.monotonic()
-        spawn = asyncio.ensure_future(
-            asyncio.create_subprocess_exec(
-                *launch.argv,
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+        starting = asyncio.ensure_future(
+            spawn(
+                launch.argv,
                 env=launch.env,
                 cwd=launch.cwd,
-                start_new_session=True,
+                with_stdin=stdin is not None,
+                new_session=True,
             )
         )
         try:
-            proc = await asyncio.shield(spawn)
+            proc = await asyncio.shield(starting)
         except asyncio.CancelledError:
             # Cancelled while the process was being spawned: it exists already and nothing else
             # knows of it (asyncio would kill only the direct child, not what it started), so
             # let the spawn finish and kill the whole group here.
             with contextlib.suppress(Exception):
-                orphan = await spawn
+                orphan = await starting
                 _killpg(orphan)
-                await orphan.wait()
+                await orphan.exited()
+                orphan.close()
             raise
         except OSError as exc:
             code = 126 if isinstance(exc, PermissionError) else 127
@@ -521,11 +507,11 @@ class Runtime(ABC):
         try:
             try:
                 async with asyncio.timeout(timeout_s):
-                    await _exited(proc)
+                    await proc.exited()
             except TimeoutError:
                 timed_out = True
                 await self._kill(exec_id, proc)
-            code = await _exited(proc)
+            code = await proc.exited()
             # The main process is gone: end what it left in its group so the pipes close.
             _killpg(proc)
             await asyncio.wait([readers], timeout=_READ_GRACE_S)
@@ -539,6 +525,7 @@ class Runtime(ABC):
                 # so asyncio does not report it as "never retrieved"
                 task.add_done_callback(_retrieve)
             self._running.pop(exec_id, None)
+            proc.close()
         return ExecResult(code, out.text(), err.text(), time.monotonic() - began, timed_out)
 
 

@@ -54,6 +54,7 @@ from polar.runtimes.gateway_relay import (
     RUN_INSIDE,
 )
 from polar.runtimes.sandboxed import ImageOptions, SandboxedRuntime
+from polar.runtimes.spawn import Child
 from polar.schemas.task import RuntimeSpec
 
 EXEC_ID_VAR = "POLAR_EXEC_ID"
@@ -199,7 +200,7 @@ class DockerRuntime(SandboxedRuntime):
         if self.relay is not None:
             await self.relay.stop()
 
-    async def _kill(self, exec_id: str, proc: asyncio.subprocess.Process) -> None:
+    async def _kill(self, exec_id: str, proc: Child) -> None:
         await super()._kill(exec_id, proc)
         await run_cli(self.kill_argv([exec_id]), timeout_s=30)
 
