@@ -2,8 +2,10 @@
 
 ``up`` joins the cluster (``--address``, the file's ``ray.address`` or RAY_ADDRESS; it never
 starts one), starts the rollout server actor and lets it keep one gateway per gateway node.
-Without ``--detached`` it stays in the foreground and takes Polar down on Ctrl-C. Ray is
-imported only when one of these runs.
+Without ``--detached`` it stays in the foreground and takes Polar down when it ends: Ctrl-C,
+SIGTERM, SIGHUP (its terminal closed) or an error. Gateways are detached actors (a restarted
+rollout server finds them again), so only this teardown removes them; after a SIGKILL, which
+cannot be caught, ``polar ray down`` does. Ray is imported only when one of these runs.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import contextlib
 import json
 import signal
 import sys
-import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from polar.errors import ConfigError
+
+WAIT_TIMEOUT_S = 60.0
+# What ends a foreground `polar ray up` and takes Polar down with it (SIGKILL cannot be caught).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_parser(sub: Any) -> None:
@@ -43,6 +49,14 @@ def add_parser(sub: Any) -> None:
         default=0,
         metavar="N",
         help="return (or print 'ready') only once N gateways are registered",
+    )
+    up.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=WAIT_TIMEOUT_S,
+        metavar="S",
+        help=f"give up on --wait-nodes after S seconds (default {WAIT_TIMEOUT_S:g}; 0: no "
+        "limit); in the foreground Polar is then taken down again",
     )
     up.set_defaults(func=_up, default_log_level="info")
 
@@ -97,23 +111,63 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _up(args: argparse.Namespace) -> int:
     import polar.ray as polar_ray
+    from polar.ray.launcher import connect
 
+    # Started in the background of a non-interactive shell, this process inherits SIGINT
+    # ignored, and Python keeps an inherited ignore: take the default handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if args.wait_timeout < 0:
+        raise ConfigError("--wait-timeout must be 0 (no limit) or positive (seconds)")
     config = _config(args)
-    polar = polar_ray.up(config)
+    connect(config)  # before the handlers below: ray.init puts its own on SIGTERM
+    if config.ray.detached:
+        _start(args, config, polar_ray.up(config))
+        return 0
+    with until_signalled(lambda: polar_ray.down(config.ray.namespace)):
+        _start(args, config, polar_ray.up(config))
+        while True:
+            signal.pause()
+    return 0
+
+
+def _start(args: argparse.Namespace, config: Any, polar: Any) -> None:
     print(f"Polar rollout server on Ray: {polar.rollout_url} (namespace {polar.namespace})")
     print(f"admin token: {config.rollout_config().token_file()} on the rollout server's node")
-    if args.wait_nodes:
-        nodes = polar.wait_nodes(args.wait_nodes)
-        print(f"ready: {len(nodes)} gateways: " + ", ".join(n.node_id for n in nodes))
     sys.stdout.flush()
-    if config.ray.detached:
-        return 0
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with contextlib.suppress(KeyboardInterrupt):
-        stop.wait()
-    print("taking Polar down: " + ", ".join(polar.down()))
-    return 0
+    if args.wait_nodes:
+        nodes = polar.wait_nodes(args.wait_nodes, args.wait_timeout or None)
+        print(f"ready: {len(nodes)} gateways: " + ", ".join(n.node_id for n in nodes))
+        sys.stdout.flush()
+
+
+class Stopped(Exception):
+    """A stop signal (SIGTERM, SIGHUP) arrived: unwinds like Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def until_signalled(teardown: Callable[[], list[str]]) -> Iterator[None]:
+    """Run the block until SIGINT, SIGTERM or SIGHUP (or an error), then ``teardown`` once,
+    deaf to further stop signals so a second Ctrl-C cannot cut it short."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        with contextlib.suppress(KeyboardInterrupt, Stopped):
+            yield
+    finally:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            names = teardown()
+            # After SIGHUP the terminal may be gone: the teardown has run, the report may not.
+            with contextlib.suppress(OSError):
+                print("took Polar down: " + (", ".join(names) if names else "nothing left"))
+                sys.stdout.flush()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _down(args: argparse.Namespace) -> int:

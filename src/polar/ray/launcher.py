@@ -120,14 +120,15 @@ class PolarRay:
         reply.raise_for_status()
         return [NodeView.model_validate(n) for n in reply.json()]
 
-    def wait_nodes(self, count: int, timeout_s: float = 60.0) -> list[NodeView]:
-        """Wait until ``count`` gateways are registered and healthy."""
-        deadline = time.monotonic() + timeout_s
+    def wait_nodes(self, count: int, timeout_s: float | None = 60.0) -> list[NodeView]:
+        """Wait until ``count`` gateways are registered and healthy (``timeout_s`` None: for
+        as long as it takes; a cluster still scaling up may need minutes)."""
+        started = time.monotonic()
         while True:
             healthy = [n for n in self.nodes() if n.healthy]
             if len(healthy) >= count:
                 return healthy
-            if time.monotonic() > deadline:
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise PolarError(f"{len(healthy)} of {count} gateways up after {timeout_s:g}s")
             time.sleep(0.1)
 
