@@ -43,6 +43,13 @@ class ToolParser(ABC):
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         """Split ``text`` into content, reasoning and tool calls (``tools``: chat-completions)."""
 
+    def call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        """A regex over the sampled text that only this format's calls to one of ``functions``
+        (chat-completions ``function`` objects) match, one or (``parallel``) more; the engine's
+        structured output enforces it for ``tool_choice`` (see :mod:`polar.rendering.call_patterns`).
+        None: this format cannot force a call, and the gateway refuses such a ``tool_choice``."""
+        return None
+
 
 class MalformedCall(ValueError):
     """Raised inside a parser when a call's markup is broken; the turn becomes plain content."""

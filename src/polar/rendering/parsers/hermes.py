@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from polar.providers.types import ToolCall
+from polar.rendering.call_patterns import tagged_hermes_calls
 from polar.rendering.parsers.base import (
     MalformedCall,
     ParsedTurn,
@@ -50,3 +51,6 @@ class HermesToolParser(ToolParser):
             return ParsedTurn(content=text, reasoning=None, tool_calls=[])
         content = text[: matches[0].start()].rstrip("\n")
         return ParsedTurn(content=content, reasoning=None, tool_calls=calls)
+
+    def call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        return tagged_hermes_calls(functions, parallel)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar.providers.types import ToolCall
+from polar.rendering.call_patterns import WS, hermes_call, repeated
 from polar.rendering.parsers.base import (
     STRICT_JSON,
     MalformedCall,
@@ -70,3 +71,6 @@ class Llama3JsonToolParser(ToolParser):
         except MalformedCall:
             return ParsedTurn(content=text, reasoning=None, tool_calls=[])
         return ParsedTurn(content="", reasoning=None, tool_calls=calls)
+
+    def call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        return repeated(hermes_call(functions, "parameters"), parallel, f"{WS};{WS}")

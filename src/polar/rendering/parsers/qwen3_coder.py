@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from polar.providers.types import ToolCall
+from polar.rendering.call_patterns import qwen3_coder_calls, with_thinking
 from polar.rendering.parsers.base import (
     MalformedCall,
     ParsedTurn,
@@ -146,6 +147,9 @@ class Qwen3CoderToolParser(ToolParser):
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         reasoning, rest = split_think(text)
         return replace(self._parse_calls(rest, tools), reasoning=reasoning)
+
+    def call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        return with_thinking(qwen3_coder_calls(functions, parallel))
 
     def _parse_calls(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedTurn:
         matches = list(_CALL_RE.finditer(text))
