@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from polar import __version__
 from polar.cli import (
     capture,
+    check_engine,
     demo,
     generate,
     harness,
@@ -34,6 +35,7 @@ COMMANDS = (
     train,
     swe,
     capture,
+    check_engine,
     ray,
 )
 
