@@ -336,3 +336,42 @@ def test_xml_formats_type_by_schema(args: dict[str, int]) -> None:
         ds_block(ds_invoke("bash", *[(k, "false", v) for k, v in params.items()])), TOOLS
     )
     assert calls_of(ds) == [("bash", {k: int(v) for k, v in params.items()})]
+
+
+# tool_choice patterns ---------------------------------------------------------------------
+
+READ = {"name": "read", "parameters": {"type": "object", "properties": {"path": {}}}}
+MINIMAX_TWO = minimax_block(
+    minimax_invoke("bash", cmd="ls", timeout="3"), minimax_invoke("read", path="a")
+)
+DS_TWO = "\n\n" + ds_block(
+    ds_invoke("bash", ("cmd", "true", "ls"), ("timeout", "false", "3")),
+    ds_invoke("read", ("path", "true", "a")),
+)
+
+
+@pytest.mark.parametrize(
+    ("parser", "two_calls", "thought"),
+    [
+        (MiniMaxM2ToolParser(), MINIMAX_TWO, "Plan.\n</think>\n\n"),
+        (DeepSeekV32ToolParser(), DS_TWO, ""),
+    ],
+)
+def test_call_patterns_force_the_formats_own_calls(
+    parser: Any, two_calls: str, thought: str
+) -> None:
+    functions = [BASH["function"], READ]
+    both = parser.call_pattern(functions, True)
+    assert re.fullmatch(both, thought + two_calls)
+    assert calls_of(parser.parse(thought + two_calls, [*TOOLS, {"function": READ}])) == [
+        ("bash", {"cmd": "ls", "timeout": 3}),
+        ("read", {"path": "a"}),
+    ]
+    assert not re.fullmatch(parser.call_pattern(functions, False), two_calls)
+    assert not re.fullmatch(parser.call_pattern([BASH["function"]], True), two_calls)
+    assert not re.fullmatch(both, "Just text.")
+
+
+def test_special_token_formats_cannot_be_forced() -> None:
+    assert KimiK2ToolParser().call_pattern([BASH["function"]], True) is None
+    assert HarmonyToolParser().call_pattern([BASH["function"]], True) is None

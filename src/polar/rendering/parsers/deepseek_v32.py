@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from polar.providers.types import ToolCall
+from polar.rendering.call_patterns import OPEN_TEXT, WS, alternatives, literal, parameter_names
 from polar.rendering.parsers.base import (
     MalformedCall,
     ParsedTurn,
@@ -100,6 +101,24 @@ class DeepSeekV32ToolParser(ToolParser):
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         reasoning, rest = split_reasoning(strip_trailers(text, (EOS,)))
         return replace(self._parse_calls(rest, tools), reasoning=reasoning)
+
+    def call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        """One DSML block of invokes, as the encoder writes them (no thought: that is the
+        family's, which knows whether the prompt opened ``<think>``)."""
+        invokes = []
+        for function in functions:
+            names = parameter_names(function)
+            key = alternatives([literal(n) for n in names]) if names else '[^"\\n]+'
+            parameter = (
+                f'<{DSML}parameter name="{key}" string="(true|false)">{OPEN_TEXT}</{DSML}parameter>'
+            )
+            name = literal(str(function.get("name")))
+            invokes.append(
+                f'<{DSML}invoke name="{name}">\\n({parameter}(\\n{parameter})*)?\\n</{DSML}invoke>'
+            )
+        invoke = alternatives(invokes)
+        calls = f"{invoke}(\\n{invoke})*" if parallel else invoke
+        return f"{WS}{BLOCK_OPEN}\\n{calls}\\n{BLOCK_CLOSE}"
 
     def _parse_calls(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedTurn:
         blocks = list(_BLOCK_RE.finditer(text))

@@ -12,6 +12,8 @@ the channel (``assistant to=functions.bash<|channel|>commentary json<|message|>`
 template writes past calls). All markup is special tokens: the text must be decoded with them
 kept. The analysis channel is the reasoning; final (and commentary without a recipient, the
 model's preamble to its calls) is the content; a message to a recipient is a call.
+No ``call_pattern``: engines' regex grammars do not sample special tokens, so ``tool_choice``
+cannot be forced in this format and the gateway refuses it by name.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ All markers are special tokens: the text must be decoded with them kept. The id
 (``functions.NAME:IDX``) is the model's and its template renders each result as
 ``## Return of <id>``, so the call keeps it: a fresh id would change the context the model
 learns from. Reasoning and content are kept byte for byte, as the template writes them back.
+No ``call_pattern``: engines' regex grammars do not sample special tokens, so ``tool_choice``
+cannot be forced in this format and the gateway refuses it by name.
 """
 
 from __future__ import annotations

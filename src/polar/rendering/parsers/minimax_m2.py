@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from polar.providers.types import ToolCall
+from polar.rendering.call_patterns import OPEN_TEXT, WS, alternatives, literal, parameter_names
 from polar.rendering.parsers.base import (
     MalformedCall,
     ParsedTurn,
@@ -84,6 +85,19 @@ class MiniMaxM2ToolParser(ToolParser):
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         reasoning, rest = split_think(strip_trailers(text, TRAILERS))
         return replace(self._parse_calls(rest, tools), reasoning=reasoning)
+
+    def call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        """Right after the thought (the prompt opened ``<think>``), one block of invokes."""
+        invokes = []
+        for function in functions:
+            names = parameter_names(function)
+            key = alternatives([literal(n) for n in names]) if names else '[^"\\n]+'
+            parameter = f'<parameter name="{key}">{OPEN_TEXT}</parameter>\\n'
+            name = literal(str(function.get("name")))
+            invokes.append(f'<invoke name="{name}">\\n({parameter})*</invoke>\\n')
+        invoke = alternatives(invokes)
+        calls = f"{invoke}+" if parallel else invoke
+        return f"({OPEN_TEXT}</think>{WS})?{literal(BLOCK_OPEN)}\\n{calls}{literal(BLOCK_CLOSE)}"
 
     def _parse_calls(self, text: str, tools: list[dict[str, Any]] | None) -> ParsedTurn:
         blocks = list(_BLOCK_RE.finditer(text))
