@@ -23,7 +23,7 @@ from polar.rendering.parsers.minimax_m2 import MiniMaxM2ToolParser
 from polar.rendering.parsers.special_text import split_reasoning, strip_trailers
 
 ID_RE = re.compile(r"call_[0-9a-f]{24}")
-BASH = {
+BASH: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "bash",
@@ -340,7 +340,10 @@ def test_xml_formats_type_by_schema(args: dict[str, int]) -> None:
 
 # tool_choice patterns ---------------------------------------------------------------------
 
-READ = {"name": "read", "parameters": {"type": "object", "properties": {"path": {}}}}
+READ: dict[str, Any] = {
+    "name": "read",
+    "parameters": {"type": "object", "properties": {"path": {}}},
+}
 MINIMAX_TWO = minimax_block(
     minimax_invoke("bash", cmd="ls", timeout="3"), minimax_invoke("read", path="a")
 )
