@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.evaluators.workspace_diff import WorkspaceDiff
+from polar.runtimes.safe_files import read_regular
 
 _LARGEST_TEXT = 1024 * 1024
 """A file larger than this is not diffed line by line (difflib is slow on huge inputs)."""
@@ -40,10 +41,8 @@ def _side(path: Path) -> _Side | None:
     if stat.S_ISLNK(info.st_mode):
         return _Side("120000", os.readlink(path).encode())
     mode = "100755" if info.st_mode & 0o111 else "100644"
-    if info.st_size > _LARGEST_TEXT:
-        return _Side(mode, None)
     try:
-        data = path.read_bytes()
+        data = read_regular(path, _LARGEST_TEXT)  # never a FIFO, device or link's target
     except OSError:
         return _Side(mode, None)
     return _Side(mode, data if _is_text(data) else None)

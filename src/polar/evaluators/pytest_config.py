@@ -15,8 +15,11 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from polar.runtimes.safe_files import read_regular
+
 SECTIONS = {"setup.cfg": ("tool:pytest", "pytest"), "tox.ini": ("pytest",)}
 CONFIG_FILES = frozenset({*SECTIONS, "pyproject.toml"})
+_LARGEST_CONFIG = 4 * 1024 * 1024
 
 
 class _Unreadable(Exception):
@@ -30,7 +33,7 @@ def _pytest_settings(path: Path) -> Any:
     if path.is_symlink() or not path.is_file():
         raise _Unreadable(str(path))
     try:
-        text = path.read_text()
+        text = read_regular(path, _LARGEST_CONFIG).decode()
         if path.name == "pyproject.toml":
             return tomllib.loads(text).get("tool", {}).get("pytest") or None
         parser = configparser.ConfigParser(interpolation=None, strict=False)

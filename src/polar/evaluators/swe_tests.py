@@ -34,10 +34,9 @@ from __future__ import annotations
 import asyncio
 import glob
 import json
-import os
 import posixpath
 import shlex
-import stat
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +68,7 @@ from polar.evaluators.workspace_diff import (
     matches,
 )
 from polar.runtimes.base import Runtime, tail_text
+from polar.runtimes.safe_files import open_regular
 from polar.schemas.task import EvaluatorSpec
 
 DEFAULT_PROTECTED = (
@@ -148,22 +148,19 @@ class SWETestsConfig(BaseModel):
 
 def read_log(path: Path, limit: int = LOG_LIMIT) -> str | None:
     """A test log the command wrote, never through a link (code under test could plant one
-    to a host file); head and tail halves past ``limit`` bytes; None when there is none."""
+    to a host file) and never a FIFO or device; head and tail halves past ``limit`` bytes;
+    None when there is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not block
+        with open_regular(path, limit=sys.maxsize) as (log, size):
+            if size <= limit:
+                data = log.read(limit)
+            else:
+                head = log.read(limit // 2)
+                log.seek(size - limit // 2)
+                data = head + f"\n[... {size - limit} bytes elided ...]\n".encode()
+                data += log.read(limit // 2)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as log:
-        info = os.fstat(log.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        size = info.st_size
-        if size <= limit:
-            data = log.read()
-        else:
-            head = log.read(limit // 2)
-            log.seek(size - limit // 2)
-            data = head + f"\n[... {size - limit} bytes elided ...]\n".encode() + log.read()
     return data.decode("utf-8", "replace")
 
 

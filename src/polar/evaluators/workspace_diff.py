@@ -13,13 +13,14 @@ pattern that matches a directory covers everything under it: ``tests`` protects 
 
 from __future__ import annotations
 
-import filecmp
 import fnmatch
 import os
 import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from polar.runtimes.safe_files import copy_regular, same_content, walk
 
 DEFAULT_IGNORE = (".git", "*__pycache__")
 
@@ -32,35 +33,25 @@ def matches(rel: str, patterns: list[str] | tuple[str, ...]) -> bool:
 
 
 def _entries(root: Path, ignore: list[str] | tuple[str, ...]) -> dict[str, Path]:
-    """Relative path -> absolute path of every file and symlink under ``root`` (not dirs)."""
-    found: dict[str, Path] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        rel_dir = here.relative_to(root).as_posix()
-        prefix = "" if rel_dir == "." else rel_dir + "/"
-        kept = []
-        for name in dirnames:
-            rel = prefix + name
-            if matches(rel, ignore):
-                continue
-            if (here / name).is_symlink():  # os.walk does not descend links: record the link
-                found[rel] = here / name
-            else:
-                kept.append(name)
-        dirnames[:] = kept
-        for name in filenames:
-            rel = prefix + name
-            if not matches(rel, ignore):
-                found[rel] = here / name
-    return found
+    """Relative path -> absolute path of every non-directory entry under ``root`` (a link to a
+    directory counts as a link), through the bounded, link-free walk of
+    :func:`polar.runtimes.safe_files.walk`: the agent's tree may hold millions of files."""
+    return {
+        rel: Path(entry.path)
+        for rel, entry in walk(root, lambda rel: matches(rel, ignore))
+        if not entry.is_dir(follow_symlinks=False)
+    }
 
 
 def _same(a: Path, b: Path) -> bool:
-    if a.is_symlink() or b.is_symlink():
-        return a.is_symlink() and b.is_symlink() and os.readlink(a) == os.readlink(b)
-    exec_a = stat.S_IMODE(a.lstat().st_mode) & 0o111
-    exec_b = stat.S_IMODE(b.lstat().st_mode) & 0o111
-    return exec_a == exec_b and filecmp.cmp(a, b, shallow=False)
+    """Same link target, or regular files with the same bytes and executable bit; anything
+    else a sandbox can make (a FIFO, a device) counts as changed and is never opened."""
+    mode_a, mode_b = a.lstat().st_mode, b.lstat().st_mode
+    if stat.S_ISLNK(mode_a) or stat.S_ISLNK(mode_b):
+        return stat.S_ISLNK(mode_a) and stat.S_ISLNK(mode_b) and os.readlink(a) == os.readlink(b)
+    if not (stat.S_ISREG(mode_a) and stat.S_ISREG(mode_b)):
+        return False
+    return (mode_a & 0o111) == (mode_b & 0o111) and same_content(a, b)
 
 
 @dataclass(frozen=True)
@@ -134,7 +125,7 @@ def apply_diff(
             if src.is_symlink():
                 dst.symlink_to(os.readlink(src))
             else:
-                shutil.copy2(src, dst)
+                copy_regular(src, dst)  # a FIFO, device or huge file is a conflict
         except OSError:
             report.conflicts.append(rel)
             continue

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.checkouts import default_cache_dir, shared_checkout
+from polar.runtimes.safe_files import UnsafeFile, copy_regular, walk
 from polar.runtimes.spawn import Child, spawn
 from polar.schemas.task import ImageSource, RuntimeSpec
 
@@ -555,11 +556,34 @@ def _within(root: Path, path: Path, remote: str) -> Path:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    if not src.exists():
+    """Copy a file, link or directory, through :mod:`polar.runtimes.safe_files`: one side is a
+    tree the harness owned, so no FIFO, device or oversized file is read, no link is followed
+    (links are copied as links) and no directory is written through a link."""
+    if not src.exists() and not src.is_symlink():
         raise FileNotFoundError(f"{src} does not exist")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
-    else:
-        # A link is copied as a link, never followed (the checks above cover its parents).
-        shutil.copy2(src, dst, follow_symlinks=False)
+    if not src.is_dir() or src.is_symlink():
+        _copy_entry(src, dst)
+        return
+    _make_dir(dst)
+    for rel, entry in walk(src):
+        target = dst / rel
+        if entry.is_dir(follow_symlinks=False):
+            _make_dir(target)
+        else:
+            _copy_entry(Path(entry.path), target)
+
+
+def _make_dir(path: Path) -> None:
+    if path.is_symlink():
+        raise UnsafeFile(f"{path} is a symbolic link; nothing is copied through it")
+    path.mkdir(exist_ok=True)
+
+
+def _copy_entry(src: Path, dst: Path) -> None:
+    if not src.is_symlink():
+        copy_regular(src, dst)
+        return
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    dst.symlink_to(os.readlink(src))
