@@ -192,12 +192,23 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(f"rollout server: {polar.rollout_url}")
     for node in nodes:
-        state = "dead" if node.dead else "draining" if node.draining else "healthy"
-        state = state if node.healthy or node.dead else "silent"
-        print(f"  {node.node_id:20} {state:9} {node.url or '-'}  capacity {node.capacity}")
+        print(
+            f"  {node.node_id:20} {node_state(node):9} {node.url or '-'}  capacity {node.capacity}"
+        )
     if not nodes:
         print("  no gateway nodes yet (does a node carry the polar_gateway resource?)")
     return 0
+
+
+def node_state(node: Any) -> str:
+    """One word for a NodeView: drained (stopped once drained) is not dead (lost)."""
+    if node.drained:
+        return "drained"
+    if node.dead:
+        return "dead"
+    if not node.healthy:
+        return "silent"
+    return "draining" if node.draining else "healthy"
 
 
 def _drain(args: argparse.Namespace) -> int:

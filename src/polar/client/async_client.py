@@ -140,7 +140,7 @@ class AsyncRolloutClient:
 
     async def node_urls(self) -> list[str]:
         """The registered, live gateway nodes (to pause them around a weight update)."""
-        return [n.url for n in await self.nodes() if n.url and not n.dead]
+        return [n.url for n in await self.nodes() if n.url and not (n.dead or n.drained)]
 
     # -- events --------------------------------------------------------------------------
 

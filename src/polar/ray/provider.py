@@ -6,6 +6,12 @@ It runs inside the rollout server's process (the rollout actor) and reconciles e
 named actors (``polar-gw-<ray node id[:12]>`` in Polar's namespace), so a restarted rollout
 server finds them again instead of killing them with itself. A drained node is remembered (in
 the server's data dir) and gets no new gateway.
+
+A gateway that crashes is restarted by Ray on its node ``gateways.max_restarts`` times; past
+that budget Ray lets it die and frees its name while the node lives on. The provider sees the
+name gone, reports the node lost at once (its sessions fail now, not after ``node_grace_s``)
+and places a fresh gateway there: at once the first time, then after a doubling backoff, so a
+gateway that cannot start does not spin.
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ log = logging.getLogger("polar.ray")
 
 # Past a drain deadline the server has failed what was left; the gateway goes soon after.
 _DRAIN_MARGIN_S = 1.0
+# A placed gateway's name missing this many rounds running is a gateway gone for good (one
+# round could race a listing with the placement).
+_MISSING_ROUNDS = 2
+# Replacing a gateway gone for good: the 2nd time after this, doubling up to the cap; a
+# gateway that lived _REPLACE_RESET_S counts from 1 again.
+_REPLACE_BACKOFF_S = 5.0
+_REPLACE_MAX_S = 300.0
+_REPLACE_RESET_S = 600.0
 NodeList = Callable[[], list[dict[str, Any]]]
 
 
@@ -42,6 +56,7 @@ class RayNodeProvider:
         *,
         state_dir: Path,
         cluster: RayCluster | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.section = section
         self.spec = spec
@@ -50,6 +65,9 @@ class RayNodeProvider:
         self.placed: set[str] = set()  # Ray node ids we keep a gateway on
         self.retired: dict[str, float | None] = self._load_retired()  # Ray node id -> deadline
         self.host: NodeHost | None = None
+        self.clock = clock
+        self._missing: dict[str, int] = {}  # Ray node id -> rounds its gateway's name was gone
+        self._spent: dict[str, tuple[int, float]] = {}  # Ray node id -> (times, last time)
         self._loop: asyncio.Task[None] | None = None
 
     # -- NodeProvider ----------------------------------------------------------------------
@@ -65,11 +83,14 @@ class RayNodeProvider:
             await asyncio.gather(self._loop, return_exceptions=True)
 
     async def reconcile(self) -> list[str]:
-        lost = await asyncio.to_thread(self._reconcile)
-        if self.host is not None and self.section.report_node_loss:
-            for node_id in lost:
-                await self.host.node_lost(node_id, "Ray reports its node dead")
-        return lost
+        lost, retired = await asyncio.to_thread(self._reconcile)
+        if self.host is not None:
+            for node_id in retired:
+                await self.host.node_retired(node_id)
+            if self.section.report_node_loss:
+                for node_id, reason in lost.items():
+                    await self.host.node_lost(node_id, reason)
+        return list(lost)
 
     def refuse(self, request: TaskRequest) -> str | None:
         kind = request.runtime.kind
@@ -91,14 +112,15 @@ class RayNodeProvider:
 
     # -- one round -------------------------------------------------------------------------
 
-    def _reconcile(self) -> list[str]:
+    def _reconcile(self) -> tuple[dict[str, str], list[str]]:
+        """One round against Ray; the nodes lost (with why) and the gateways retired."""
         nodes = self.cluster.nodes()
         alive = {n["NodeID"] for n in nodes if n.get("Alive")}
-        lost = []
+        lost: dict[str, str] = {}
         for ray_node in sorted(self.placed - alive):
             self.placed.discard(ray_node)
             self.cluster.remove(ray_node)
-            lost.append(gateway_node_id(ray_node))
+            lost[gateway_node_id(ray_node)] = "Ray reports its node dead"
             log_event(
                 log,
                 "ray.node_lost",
@@ -106,13 +128,17 @@ class RayNodeProvider:
                 level=logging.WARNING,
                 node_id=gateway_node_id(ray_node),
             )
+        for ray_node in self._gone_for_good():
+            lost[gateway_node_id(ray_node)] = self._spend(ray_node)
+        retired = []
         for node in nodes:
             ray_node = node["NodeID"]
             if ray_node not in alive or not self._eligible(node):
                 continue
             if ray_node in self.retired:
-                self._finish_drain(ray_node)
-            elif ray_node not in self.placed:
+                if self._finish_drain(ray_node):
+                    retired.append(gateway_node_id(ray_node))
+            elif ray_node not in self.placed and self._may_place(ray_node):
                 self.cluster.place(ray_node, self.spec)
                 self.placed.add(ray_node)
                 log_event(
@@ -121,16 +147,68 @@ class RayNodeProvider:
                     f"gateway {gateway_node_id(ray_node)} placed on Ray node {ray_node}",
                     node_id=gateway_node_id(ray_node),
                 )
-        return lost
+        return lost, retired
+
+    # -- gateways gone for good while their node lives --------------------------------------
+
+    def _gone_for_good(self) -> list[str]:
+        """Placed gateways whose actor name Ray no longer knows: dead past their restarts (a
+        restarting actor keeps its name), though their node is alive."""
+        if not self.placed:
+            return []
+        names = self.cluster.gateway_names()
+        gone = []
+        for ray_node in sorted(self.placed):
+            if _actor_name(ray_node) in names:
+                self._missing.pop(ray_node, None)
+                continue
+            self._missing[ray_node] = self._missing.get(ray_node, 0) + 1
+            if self._missing[ray_node] >= _MISSING_ROUNDS:
+                del self._missing[ray_node]
+                self.placed.discard(ray_node)
+                gone.append(ray_node)
+        return gone
+
+    def _spend(self, ray_node: str) -> str:
+        """Note a gateway gone for good (for the replacement backoff); why its node is lost."""
+        now = self.clock()
+        times, last = self._spent.get(ray_node, (0, now))
+        times = 1 if now - last > _REPLACE_RESET_S else times + 1
+        self._spent[ray_node] = (times, now)
+        budget = self.section.gateways.max_restarts
+        reason = f"its gateway died for good after using up its restarts (max_restarts {budget})"
+        log_event(
+            log,
+            "ray.gateway_gone",
+            f"gateway {gateway_node_id(ray_node)} on live Ray node {ray_node}: {reason}; "
+            f"replacing it in {self._replace_delay(times):g}s",
+            level=logging.WARNING,
+            node_id=gateway_node_id(ray_node),
+            replacements=times,
+        )
+        return reason
+
+    def _may_place(self, ray_node: str) -> bool:
+        spent = self._spent.get(ray_node)
+        if spent is None:
+            return True
+        times, last = spent
+        return self.clock() - last >= self._replace_delay(times)
+
+    @staticmethod
+    def _replace_delay(times: int) -> float:
+        return 0.0 if times <= 1 else min(_REPLACE_MAX_S, _REPLACE_BACKOFF_S * 2 ** (times - 2))
 
     def _eligible(self, node: dict[str, Any]) -> bool:
         have = node.get("Resources") or {}
         wanted = self.section.gateways.resources
         return all(have.get(name, 0) >= amount for name, amount in wanted.items())
 
-    def _finish_drain(self, ray_node: str) -> None:
+    def _finish_drain(self, ray_node: str) -> bool:
+        """Stop a draining node's gateway once it owes nothing (or is past its deadline);
+        True when it was stopped in this round."""
         if ray_node not in self.placed:
-            return
+            return False
         deadline = self.retired[ray_node]
         owes = self.host.unfinished_on(gateway_node_id(ray_node)) if self.host else 0
         if owes == 0 or (deadline is not None and time.time() > deadline + _DRAIN_MARGIN_S):
@@ -142,6 +220,8 @@ class RayNodeProvider:
                 f"gateway {gateway_node_id(ray_node)} drained and stopped",
                 node_id=gateway_node_id(ray_node),
             )
+            return True
+        return False
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -181,16 +261,21 @@ class RayCluster:
 
         return list(ray.nodes())
 
-    def existing(self) -> set[str]:
-        """Ray node ids (12-character prefixes resolved) that already have a gateway actor."""
+    def gateway_names(self) -> set[str]:
+        """Polar's gateway actor names Ray knows: alive or restarting; one that died past its
+        restarts (or was killed) has lost its name."""
         import ray
 
-        names = {
+        return {
             entry["name"]
             for entry in ray.util.list_named_actors(all_namespaces=True)
             if entry.get("namespace") == self.section.namespace
             and entry["name"].startswith(GATEWAY_ACTOR_PREFIX)
         }
+
+    def existing(self) -> set[str]:
+        """Ray node ids (12-character prefixes resolved) that already have a gateway actor."""
+        names = self.gateway_names()
         return {
             n["NodeID"] for n in self.nodes() if _actor_name(n["NodeID"]) in names and n["Alive"]
         }

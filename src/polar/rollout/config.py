@@ -56,6 +56,12 @@ class RolloutServerConfig(BaseModel):
     node_grace_s: float = Field(
         30.0, gt=0, description="A node silent this long is dead: its sessions are marked ERROR."
     )
+    forget_nodes_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A dead or drained node leaves GET /nodes (and `polar ray status`) this "
+        "long after it died: nodes that come and go are not listed for ever.",
+    )
     dispatch_interval_s: float = Field(0.05, gt=0, description="Scheduler tick when idle.")
     dispatch_retry: RetryPolicy = Field(
         default_factory=lambda: RetryPolicy(initial_s=0.2, max_s=5.0, timeout_s=10.0)

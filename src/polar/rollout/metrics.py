@@ -41,8 +41,8 @@ DURATION_BUCKETS = (
     14400.0,
 )
 
-HEALTHY, DRAINING, SILENT, DEAD = "healthy", "draining", "silent", "dead"
-NODE_STATES = (HEALTHY, DRAINING, SILENT, DEAD)
+HEALTHY, DRAINING, DRAINED, SILENT, DEAD = "healthy", "draining", "drained", "silent", "dead"
+NODE_STATES = (HEALTHY, DRAINING, DRAINED, SILENT, DEAD)
 
 
 class RolloutMetrics:
@@ -112,7 +112,8 @@ class RolloutMetrics:
         )
         self.nodes = Gauge(
             "polar_rollout_nodes",
-            "Known nodes by state: healthy, draining, silent (missed heartbeats), dead.",
+            "Known nodes by state: healthy, draining, drained (and stopped), silent (missed "
+            "heartbeats), dead.",
             ["state"],
             registry=r,
         )

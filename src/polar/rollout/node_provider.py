@@ -22,6 +22,10 @@ class NodeHost(Protocol):
         """Fail ``node_id``'s unfinished sessions now (infra); None if the node is unknown."""
         ...
 
+    async def node_retired(self, node_id: str) -> None:
+        """The provider stopped a drained node's gateway: drained now, not dead later."""
+        ...
+
     def unfinished_on(self, node_id: str) -> int:
         """How many sessions ``node_id`` still owes (blocking; call from a thread)."""
         ...
@@ -31,7 +35,9 @@ class NodeProvider(Protocol):
     """Starts, watches and stops gateway nodes for one rollout server."""
 
     async def start(self, host: NodeHost) -> None:
-        """Begin reconciling; report lost nodes through ``host.node_lost``."""
+        """Begin reconciling; report lost nodes through ``host.node_lost`` (at once: a node,
+        or the node's gateway for good, seen gone) and retired ones through
+        ``host.node_retired``."""
         ...
 
     async def stop(self) -> None:

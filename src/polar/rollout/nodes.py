@@ -2,7 +2,9 @@
 
 A node that misses heartbeats for ``heartbeat_timeout_s`` stops getting sessions; one silent for
 ``grace_s`` is dead, and the server marks its unfinished sessions ERROR rather than let a task
-hang. Time comes from an injectable clock so the rules are testable without sleeping.
+hang. A node drained and then stopped is *drained*, not dead. A dead or drained node is
+forgotten ``forget_s`` later, so a cluster whose nodes come and go does not list every node it
+ever had. Time comes from an injectable clock so the rules are testable without sleeping.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ class NodeRecord:
     last_seen: float
     drain_requested: bool = False
     dead: bool = False
+    drained: bool = False  # dead because it was drained and stopped, owing nothing
+    dead_at: float | None = None
     load: NodeLoad | None = None
     credential: str | None = None  # what the server calls the node with
 
@@ -42,9 +46,11 @@ class NodeRegistry:
         heartbeat_timeout_s: float,
         grace_s: float,
         clock: Callable[[], float] = time.monotonic,
+        forget_s: float | None = None,
     ) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.grace_s = grace_s
+        self.forget_s = forget_s
         self.clock = clock
         self._nodes: dict[str, NodeRecord] = {}
 
@@ -99,23 +105,30 @@ class NodeRegistry:
         return out
 
     def expire(self) -> list[str]:
-        """Node ids that just passed their grace period; each is reported once."""
+        """Node ids that just passed their grace period; each is reported once. Nodes dead
+        (or drained) for longer than ``forget_s`` are dropped."""
         now = self.clock()
         newly_dead = []
-        for record in self._nodes.values():
+        for record in list(self._nodes.values()):
             if not record.dead and now - record.last_seen > self.grace_s:
-                record.dead = True
+                record.dead, record.dead_at = True, now
                 newly_dead.append(record.node_id)
+            elif (
+                record.dead_at is not None
+                and self.forget_s is not None
+                and now - record.dead_at > self.forget_s
+            ):
+                del self._nodes[record.node_id]
         return newly_dead
 
-    def declare_dead(self, node_id: str) -> bool:
-        """Mark a node dead now (its loss was observed, not inferred from silence); ``False``
-        if unknown or dead already. Like silence past the grace period, a heartbeat from it
-        is then answered "register again"."""
+    def declare_dead(self, node_id: str, *, drained: bool = False) -> bool:
+        """Mark a node dead now (its loss was observed, not inferred from silence; or, with
+        ``drained``, it was drained and stopped); ``False`` if unknown or dead already. Like
+        silence past the grace period, a heartbeat from it is then answered "register again"."""
         record = self._nodes.get(node_id)
         if record is None or record.dead:
             return False
-        record.dead = True
+        record.dead, record.drained, record.dead_at = True, drained, self.clock()
         return True
 
     def live(self, node_id: str) -> bool:

@@ -39,7 +39,7 @@ from polar.rollout.activity import Activity
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.events import EventBus
-from polar.rollout.metrics import DEAD, DRAINING, HEALTHY, SILENT, RolloutMetrics
+from polar.rollout.metrics import DEAD, DRAINED, DRAINING, HEALTHY, SILENT, RolloutMetrics
 from polar.rollout.node_provider import NodeProvider, StaticProvider
 from polar.rollout.nodes import NodeRecord, NodeRegistry
 from polar.rollout.scheduler import choose_node
@@ -89,7 +89,12 @@ class RolloutService:
             how="the server then makes an admin token (or set rollout.admin_token).",
         )
         self.access = Access(self.store, token, config.enrolment_secret)
-        self.nodes = NodeRegistry(self.config.heartbeat_timeout_s, self.config.node_grace_s, clock)
+        self.nodes = NodeRegistry(
+            self.config.heartbeat_timeout_s,
+            self.config.node_grace_s,
+            clock,
+            forget_s=self.config.forget_nodes_s,
+        )
         self.events = EventBus()
         self.metrics = RolloutMetrics()
         self.activity = Activity()
@@ -411,7 +416,8 @@ class RolloutService:
                     url=record.url,
                     healthy=self.nodes.healthy(record),
                     draining=record.draining,
-                    dead=record.dead,
+                    dead=record.dead and not record.drained,
+                    drained=record.drained,
                     seen_s_ago=round(now - record.last_seen, 3),
                     capacity=status.capacity if status else 0,
                     stages=status.stages.model_dump() if status else {},
@@ -716,10 +722,16 @@ class RolloutService:
                 )
 
     async def expire_nodes(self) -> list[str]:
-        """Fail the unfinished sessions of nodes silent past their grace period."""
+        """Fail the unfinished sessions of nodes silent past their grace period. A draining
+        node that went silent owing nothing was stopped once drained: drained, not dead."""
         dead = self.nodes.expire()
         for node_id in dead:
             rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
+            record = self.nodes.get(node_id)
+            if record is not None and record.draining and not rows:
+                record.drained = True
+                self._log_drained(node_id)
+                continue
             reason = (
                 f"node {node_id} sent no heartbeat for {self.config.node_grace_s:g}s;"
                 " its sessions are lost"
@@ -738,6 +750,26 @@ class RolloutService:
         error = f"node {node_id} lost ({reason}); its sessions are lost"
         await self._lose_node(node_id, rows, error, "node_lost", cause=reason, dead=newly_dead)
         return len(rows)
+
+    async def node_retired(self, node_id: str) -> None:
+        """A draining node's gateway was stopped on purpose (its provider retired it): the node
+        is drained now, not dead after ``node_grace_s``. What it still owed (past a drain
+        deadline) fails as infra ``drain_deadline``."""
+        if not self.nodes.declare_dead(node_id, drained=True):
+            return
+        rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
+        error = f"node {node_id} drained: its gateway stopped with the session unfinished"
+        await self._fail_all(rows, node_id, error, "drain_deadline")
+        self._log_drained(node_id, failed_sessions=len(rows))
+
+    def _log_drained(self, node_id: str, failed_sessions: int = 0) -> None:
+        log_event(
+            log,
+            "node.drained",
+            f"node {node_id} drained and stopped",
+            node_id=node_id,
+            failed_sessions=failed_sessions,
+        )
 
     async def _lose_node(
         self,
@@ -788,7 +820,10 @@ class RolloutService:
             await self.accept_result(_failed(row, node_id, error, why))
 
     def node_state(self, record: NodeRecord) -> str:
-        """healthy, draining, silent (missed heartbeats, not yet dead) or dead."""
+        """healthy, draining, drained (and stopped), silent (missed heartbeats, not yet dead)
+        or dead."""
+        if record.drained:
+            return DRAINED
         if record.dead:
             return DEAD
         if not self.nodes.healthy(record):

@@ -49,7 +49,10 @@ class NodeView(BaseModel):
     url: str | None
     healthy: bool
     draining: bool
-    dead: bool
+    dead: bool = Field(description="Lost: silent past node_grace_s, or reported lost.")
+    drained: bool = Field(
+        False, description="Drained and then stopped (owing nothing): gone, but not lost."
+    )
     seen_s_ago: float
     capacity: int
     stages: dict[str, int]

@@ -104,3 +104,43 @@ async def test_silence_past_grace_is_infra_too(env) -> None:  # noqa: F811
     row = service.store.session(service.session_views("t")[0].session_id)
     assert row is not None and row.result is not None and row.result.failure is not None
     assert row.result.failure.kind == "infra"
+
+
+async def test_a_drained_node_is_drained_not_dead_and_old_nodes_are_forgotten(env) -> None:  # noqa: F811
+    """`polar ray status` separates the two: a node drained and stopped (by its provider, or
+    silent past the grace owing nothing) is drained; a node lost is dead. Both leave the list
+    ``forget_nodes_s`` after they went."""
+    _, clock, make = env
+    service = await make()
+    for node in ("retired", "quiet", "lost"):
+        await service.register(report(node))
+    await service.drain("retired")
+    await service.drain("quiet")
+    await service.node_retired("retired")  # the Ray provider stopped its gateway
+    await service.node_lost("lost", "Ray reports its node dead")
+    clock.now += 11  # "quiet" was stopped by hand: silent past the grace, owing nothing
+    assert await service.expire_nodes() == ["quiet"]
+    views = {v.node_id: v for v in service.node_views()}
+    assert (views["retired"].drained, views["retired"].dead) == (True, False)
+    assert (views["quiet"].drained, views["quiet"].dead) == (True, False)
+    assert (views["lost"].drained, views["lost"].dead) == (False, True)
+    assert {service.node_state(r) for r in service.nodes.all()} == {"drained", "dead"}
+
+    clock.now += service.config.forget_nodes_s + 1
+    await service.expire_nodes()
+    assert service.node_views() == []
+
+
+async def test_a_node_stopped_while_draining_with_work_left_fails_it_as_infra(env) -> None:  # noqa: F811
+    _, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.submit(task(n=1))
+    await until(lambda: service.session_views("t")[0].acknowledged)
+    await service.drain("a")
+    await service.node_retired("a")
+    await asyncio.sleep(0)
+    row = service.store.session(service.session_views("t")[0].session_id)
+    assert row is not None and row.result is not None and row.result.failure is not None
+    assert (row.result.failure.kind, row.result.failure.reason) == ("infra", "drain_deadline")
+    assert service.node_views()[0].drained

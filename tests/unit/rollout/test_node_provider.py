@@ -1,6 +1,8 @@
 """The Ray node provider's reconciling against a fake node list (no Ray): one gateway per
-eligible alive node, a dead node reported lost once, a joining node placed, a drained node
-never placed again (across a restart of the server too), unsandboxed runtimes refused."""
+eligible alive node, a dead node reported lost once, a gateway gone past its restarts on a live
+node reported lost at once and replaced (with a backoff when it keeps dying), a joining node
+placed, a drained node retired and never placed again (across a restart of the server too),
+unsandboxed runtimes refused."""
 
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ class FakeCluster:
     def existing(self) -> set[str]:
         return set(self.actors)
 
+    def gateway_names(self) -> set[str]:
+        return {f"polar-gw-{n[:12]}" for n in self.actors}
+
     def place(self, ray_node: str, spec: GatewaySpec) -> None:
         assert ray_node not in self.actors, "placed twice"
         self.actors.add(ray_node)
@@ -44,24 +49,48 @@ class FakeCluster:
         del self.alive[ray_node]
         self.dead.add(ray_node)
 
+    def spend_gateway(self, ray_node: str) -> None:
+        """The gateway died past its max_restarts: Ray forgets its name, the node lives."""
+        self.actors.remove(ray_node)
+
 
 class FakeHost:
     def __init__(self) -> None:
         self.lost: list[tuple[str, str]] = []
+        self.retired: list[str] = []
         self.owed: dict[str, int] = {}
 
     async def node_lost(self, node_id: str, reason: str) -> int | None:
         self.lost.append((node_id, reason))
         return 0
 
+    async def node_retired(self, node_id: str) -> None:
+        self.retired.append(node_id)
+
     def unfinished_on(self, node_id: str) -> int:
         return self.owed.get(node_id, 0)
 
 
-def provider(tmp_path: Path, cluster: FakeCluster, **section: Any) -> RayNodeProvider:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def provider(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock | None = None, **section: Any
+) -> RayNodeProvider:
     config = RaySection.model_validate({"address": "auto", **section})
     spec = GatewaySpec(gateways=config.gateways, rollout_url="http://r:1", enrolment_secret="s")
-    return RayNodeProvider(config, spec, state_dir=tmp_path, cluster=cluster)  # type: ignore[arg-type]
+    return RayNodeProvider(
+        config,
+        spec,
+        state_dir=tmp_path,
+        cluster=cluster,  # type: ignore[arg-type]
+        clock=clock or Clock(),
+    )
 
 
 async def test_one_gateway_per_eligible_node_and_a_dead_node_is_lost_once(tmp_path: Path) -> None:
@@ -81,6 +110,56 @@ async def test_one_gateway_per_eligible_node_and_a_dead_node_is_lost_once(tmp_pa
     cluster.alive[C] = {"polar_gateway": 1.0}  # a node joins
     await p.reconcile()
     assert cluster.actors == {B, C}
+
+
+async def test_a_gateway_gone_past_its_restarts_is_lost_at_once_and_replaced(
+    tmp_path: Path,
+) -> None:
+    cluster, host, clock = FakeCluster(), FakeHost(), Clock()
+    p = provider(tmp_path, cluster, clock, gateways={"max_restarts": 3})
+    p.host = host
+    await p.reconcile()
+    node = gateway_node_id(A)
+
+    cluster.spend_gateway(A)
+    assert await p.reconcile() == []  # one round could race a listing: not yet
+    assert await p.reconcile() == [node]  # two: gone for good, its node still alive
+    [(lost, reason)] = host.lost
+    assert lost == node and "restarts" in reason and "max_restarts 3" in reason
+    assert cluster.actors == {A, B}  # a fresh gateway on the same node, at once
+    assert await p.reconcile() == [] and len(host.lost) == 1
+
+    # It dies again at once: replaced only after a backoff (a gateway that cannot start must
+    # not spin), and the backoff doubles.
+    for delay in (5.0, 10.0):
+        cluster.spend_gateway(A)
+        await p.reconcile()
+        await p.reconcile()
+        assert A not in cluster.actors and host.lost[-1][0] == node
+        clock.now += delay - 0.5
+        await p.reconcile()
+        assert A not in cluster.actors
+        clock.now += 0.5
+        await p.reconcile()
+        assert A in cluster.actors
+    assert len(host.lost) == 3
+
+    # One that lived long enough starts the count again: replaced at once.
+    clock.now += 3600
+    cluster.spend_gateway(A)
+    await p.reconcile()
+    await p.reconcile()
+    assert A in cluster.actors and len(host.lost) == 4
+
+
+async def test_a_restarting_gateway_is_not_lost(tmp_path: Path) -> None:
+    """Ray keeps a restarting actor's name: nothing is reported, nothing placed twice."""
+    cluster, host = FakeCluster(), FakeHost()
+    p = provider(tmp_path, cluster)
+    p.host = host
+    for _ in range(5):
+        assert await p.reconcile() == []
+    assert host.lost == [] and cluster.actors == {A, B}
 
 
 async def test_loss_is_not_reported_when_switched_off(tmp_path: Path) -> None:
@@ -105,11 +184,13 @@ async def test_a_drained_node_keeps_its_gateway_until_done_and_never_gets_one_ag
     assert p.retire(node, None) and not p.retire("ray-unknown", None)
     await p.reconcile()
     assert A in cluster.actors  # still finishing its sessions
+    assert host.retired == []
     host.owed[node] = 0
     await p.reconcile()
     assert cluster.actors == {B}
+    assert host.retired == [node]  # drained now, not dead after the grace period
     await p.reconcile()
-    assert cluster.actors == {B}
+    assert cluster.actors == {B} and host.retired == [node] and host.lost == []
 
     # A restarted rollout server remembers the drain (its data dir) and finds B's gateway.
     again = provider(tmp_path, cluster)

@@ -43,6 +43,32 @@ def test_health_follows_heartbeats_and_death_is_reported_once() -> None:
     assert registry.loads()[0].healthy
 
 
+def test_dead_and_drained_nodes_are_forgotten_after_forget_s() -> None:
+    clock = Clock()
+    registry = NodeRegistry(3, 10, clock=clock, forget_s=100)
+    for node_id in ("quiet", "lost", "retired", "live"):
+        registry.register(status(node_id))
+    clock.now += 5
+    assert registry.declare_dead("lost")
+    assert registry.declare_dead("retired", drained=True)
+    assert not registry.declare_dead("retired")  # once
+    retired = registry.get("retired")
+    assert retired is not None and retired.dead and retired.drained
+    clock.now += 6
+    registry.heartbeat(status("live"))
+    assert registry.expire() == ["quiet"]
+    clock.now += 95  # "lost" and "retired" died 101 s ago, "quiet" 95 s ago
+    registry.heartbeat(status("live"))
+    registry.expire()
+    assert sorted(r.node_id for r in registry.all()) == ["live", "quiet"]
+    clock.now += 6
+    registry.heartbeat(status("live"))
+    registry.expire()
+    assert [r.node_id for r in registry.all()] == ["live"]
+    registry.register(status("lost"))  # a forgotten node registers afresh
+    assert registry.live("lost")
+
+
 def test_unknown_node_heartbeat_is_refused() -> None:
     registry = NodeRegistry(3, 10, clock=Clock())
     assert registry.heartbeat(status("ghost")) is None
