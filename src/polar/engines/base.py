@@ -14,6 +14,9 @@ class Engine(ABC):
     """An inference backend that returns prompt ids, sampled ids and logprobs with each reply."""
 
     name: ClassVar[str]
+    # Where a token prompt takes a regex its output must match (e.g. vLLM's
+    # ``structured_outputs.regex``); None: the engine has no constrained decoding.
+    regex_constraint: ClassVar[str | None] = None
 
     @abstractmethod
     async def complete(self, request: NormalizedRequest) -> EngineResult:

@@ -47,6 +47,7 @@ class OpenAICompatEngine(Engine):
     # The body fields that ask a token prompt for structured output (chat bodies carry
     # ``response_format`` as OpenAI does, which vLLM and SGLang both take).
     token_structured_output = staticmethod(vllm_structured_outputs)
+    regex_constraint: ClassVar[str | None] = "structured_outputs.regex"
 
     def __init__(
         self,
@@ -98,6 +99,8 @@ class OpenAICompatEngine(Engine):
         body.update({"return_token_ids": True, "logprobs": 0, "stream": False})
         if request.response_format is not None:
             body.update(self.token_structured_output(request.response_format))
+        if request.forced_call_pattern is not None:
+            body["structured_outputs"] = {"regex": request.forced_call_pattern}
         body.update(self.extra_body)
         return body
 

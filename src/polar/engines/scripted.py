@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import uuid
@@ -126,8 +127,11 @@ class ScriptedBackend:
         max_model_len: int = 8192,
         *,
         noncanonical: bool = False,
+        multimodal: bool = False,
     ) -> None:
         self.script = script or Script()
+        # A text-only model refuses image parts as vLLM does; a multimodal one takes them.
+        self.multimodal = multimodal
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
         self.model_name = model_name
         self.max_model_len = max_model_len
@@ -255,6 +259,7 @@ class ScriptedBackend:
         """``/v1/completions`` with a token prompt, shaped like vLLM's ``return_token_ids``."""
         self.check_model(body)
         _check_structured_output(_token_schema(body), reply)
+        pattern = _token_regex(body)
         prompt = body.get("prompt")
         vocab = len(self.tokenizer)
         if (
@@ -264,6 +269,8 @@ class ScriptedBackend:
         ):
             raise EngineRefusal(400, "prompt must be a non-empty list of token ids")
         sampled, finish, _, stop = self.sample(reply, self.room(prompt, body), _stops(body))
+        if pattern is not None and finish != "length":
+            _check_regex(pattern, self.tokenizer.decode(sampled, skip_special_tokens=True))
         entries = self.logprob_entries(sampled)
         reply_body = {
             "id": "cmpl-" + uuid.uuid4().hex[:24],
@@ -295,6 +302,8 @@ class ScriptedBackend:
         self.check_model(body)
         _check_structured_output(_chat_schema(body), reply)
         messages = body.get("messages") or []
+        if not self.multimodal and any(_has_image(m) for m in messages if isinstance(m, dict)):
+            raise EngineRefusal(400, f"{self.model_name} is not a multimodal model")
         tools = body.get("tools") or None
         prompt = self.prompt_ids(
             messages, tools, continue_final=body.get("continue_final_message") is True
@@ -356,6 +365,38 @@ def _token_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(spec.get("json"), dict):
         return dict(spec["json"])
     return {"type": "object"} if spec.get("json_object") else None
+
+
+def _token_regex(body: dict[str, Any]) -> re.Pattern[str] | None:
+    """The regex a token prompt's ``structured_outputs`` asks for; a broken one is a 400."""
+    spec = body.get("structured_outputs")
+    pattern = spec.get("regex") if isinstance(spec, dict) else None
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str):
+        raise EngineRefusal(400, "structured_outputs.regex must be a string")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise EngineRefusal(
+            400, f"Invalid regular expression in structured_outputs: {exc}"
+        ) from exc
+
+
+def _check_regex(pattern: re.Pattern[str], text: str) -> None:
+    """A constrained engine samples only text the regex matches whole; a scripted reply that
+    does not is a script error, answered as one rather than sent on as if constrained."""
+    if pattern.fullmatch(text) is None:
+        raise EngineRefusal(
+            400, f"structured output: the scripted reply {text[:80]!r} does not match the regex"
+        )
+
+
+def _has_image(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") == "image_url" for p in content
+    )
 
 
 def _check_structured_output(schema: dict[str, Any] | None, reply: ScriptedReply) -> None:

@@ -32,12 +32,15 @@ class SGLangEngine(OpenAICompatEngine):
     token_path: ClassVar[str] = "/generate"
     read_token_reply = staticmethod(from_sglang_generate)
     token_structured_output = staticmethod(sglang_json_schema)  # inside sampling_params
+    regex_constraint: ClassVar[str | None] = "sampling_params.regex"
 
     def build_token_body(self, prompt_ids: list[int], request: NormalizedRequest) -> dict[str, Any]:
         """SGLang's native ``/generate``: ``input_ids`` in, output ids and logprobs out."""
         sampling = {_SAMPLING_NAMES.get(k, k): v for k, v in request.params.as_dict().items()}
         if request.response_format is not None:
             sampling.update(self.token_structured_output(request.response_format))
+        if request.forced_call_pattern is not None:
+            sampling["regex"] = request.forced_call_pattern
         body: dict[str, Any] = {
             "input_ids": prompt_ids,
             "sampling_params": sampling,

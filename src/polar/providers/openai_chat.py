@@ -331,7 +331,7 @@ def _text(content: Any, where: str) -> str:
         elif isinstance(part, dict) and isinstance(part.get("text"), str):
             pieces.append(part["text"])
         elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):
-            pieces.append("[image]")
+            raise InvalidRequest(f"{where}: images are supported in user messages only")
         else:
             raise InvalidRequest(f"{where} has a part that is not text")
     return join_text(pieces)

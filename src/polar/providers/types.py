@@ -146,6 +146,9 @@ class NormalizedRequest:
     # Structured output (chat response_format, Responses text.format, Anthropic
     # output_config.format, Gemini responseSchema), forwarded to the engine.
     response_format: ResponseFormat | None = None
+    # A regex the sampled text must match (tool_choice required/named under gateway rendering:
+    # the family's own call format); only token prompts carry it, chat bodies send tool_choice.
+    forced_call_pattern: str | None = None
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-completions body for an engine; tool_choice only travels with tools."""

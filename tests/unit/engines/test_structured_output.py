@@ -86,3 +86,54 @@ async def test_embedded_engine_refuses_structured_output(
     assert reply.status_code == 400
     assert "structured output" in reply.json()["error"]["message"]
     assert "embedded engine" in reply.json()["error"]["message"]
+
+
+CALL_REGEX = r'<tool_call>\{"name": "shell"\}</tool_call>'
+
+
+def test_a_forced_call_travels_as_each_engines_regex_on_token_prompts_only() -> None:
+    forced = request(None)
+    forced.forced_call_pattern = CALL_REGEX
+    vllm = VLLMEngine("http://vllm")
+    assert vllm.build_token_body([1], forced)["structured_outputs"] == {"regex": CALL_REGEX}
+    assert "structured_outputs" not in vllm.build_body(forced)  # chat bodies carry tool_choice
+    sglang = SGLangEngine("http://sglang")
+    assert sglang.build_token_body([1], forced)["sampling_params"]["regex"] == CALL_REGEX
+    assert (vllm.regex_constraint, sglang.regex_constraint) == (
+        "structured_outputs.regex",
+        "sampling_params.regex",
+    )
+
+
+def test_scripted_engine_samples_only_what_the_regex_matches(tokenizer: object) -> None:
+    backend = ScriptedBackend(tokenizer=tokenizer)
+    pattern = r'<tool_call>\s*\{"name": "shell", "arguments": \{\}\}\s*</tool_call>'
+    body = {"prompt": [1, 2], "structured_outputs": {"regex": pattern}}
+    call = ScriptedReply(tool_calls=[("shell", {})])
+    reply = backend.respond_tokens(body, call)
+    assert "shell" in tokenizer.decode(reply["choices"][0]["token_ids"])  # type: ignore[attr-defined]
+    for wrong in (ScriptedReply(content="no call"), ScriptedReply(tool_calls=[("rm", {})])):
+        with pytest.raises(EngineRefusal, match="does not match the regex"):
+            backend.respond_tokens(body, wrong)
+    broken = {"prompt": [1, 2], "structured_outputs": {"regex": "(unclosed"}}
+    with pytest.raises(EngineRefusal, match="Invalid regular expression"):
+        backend.respond_tokens(broken, call)
+
+
+def test_a_text_only_scripted_model_refuses_images_as_vllm_does(tokenizer: object) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "what?"}]}]}
+    with pytest.raises(EngineRefusal, match="is not a multimodal model"):
+        ScriptedBackend(tokenizer=tokenizer).respond(body, ScriptedReply(content="a cat"))
+    seen = ScriptedBackend(tokenizer=tokenizer, multimodal=True)
+    assert seen.respond(body, ScriptedReply(content="a cat"))["choices"][0]["message"]["content"]
+
+
+async def test_embedded_engine_refuses_images(core: EmbeddedEngineCore) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [image]}], "max_tokens": 2}
+    transport = httpx.ASGITransport(app=create_app(core))
+    async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
+        reply = await client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400
+    assert "is not a multimodal model" in reply.json()["error"]["message"]

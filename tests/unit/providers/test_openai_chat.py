@@ -112,6 +112,14 @@ def test_invalid_bodies(body):
         P.parse_request(body, CTX)
 
 
+@pytest.mark.parametrize("role", ["system", "tool"])
+def test_an_image_outside_a_user_message_is_refused_by_name_not_turned_into_text(role):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    message = {"role": role, "content": [image], "tool_call_id": "c1"}
+    with pytest.raises(InvalidRequest, match="images are supported in user messages only"):
+        P.parse_request({"messages": [message, {"role": "user", "content": "x"}]}, CTX)
+
+
 def _completion() -> Completion:
     return Completion(
         id="chatcmpl-1",

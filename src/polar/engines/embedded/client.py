@@ -20,6 +20,7 @@ class EmbeddedEngine(VLLMEngine):
     """
 
     name: ClassVar[str] = "embedded"
+    regex_constraint: ClassVar[str | None] = None  # no constrained decoding (see server.py)
 
     def __init__(
         self,

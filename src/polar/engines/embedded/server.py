@@ -69,6 +69,7 @@ def create_app(
         tools = _tools(body)
         params = parse_params(body)
         messages: Any = body.get("messages")
+        _refuse_images(messages, core.model_name)
         result = await core.generate(
             messages,
             tools,
@@ -208,6 +209,17 @@ def parse_params(body: dict[str, Any]) -> GenerationParams:
         top_logprobs=_int(body, "top_logprobs") or 0,
         ignored=tuple(ignored),
     )
+
+
+def _refuse_images(messages: Any, model: str) -> None:
+    """The embedded models are text-only: an image is a 400 as vLLM gives one, never text
+    standing in for pixels the model did not see."""
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") == "image_url" for p in content
+        ):
+            raise InvalidRequest(f"{model} is not a multimodal model")
 
 
 def _refuse_structured_output(body: dict[str, Any]) -> None:
