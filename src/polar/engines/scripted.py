@@ -301,6 +301,7 @@ class ScriptedBackend:
     def respond(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
         self.check_model(body)
         _check_structured_output(_chat_schema(body), reply)
+        _check_tool_choice(body.get("tool_choice"), reply)
         messages = body.get("messages") or []
         if not self.multimodal and any(_has_image(m) for m in messages if isinstance(m, dict)):
             raise EngineRefusal(400, f"{self.model_name} is not a multimodal model")
@@ -389,6 +390,18 @@ def _check_regex(pattern: re.Pattern[str], text: str) -> None:
     if pattern.fullmatch(text) is None:
         raise EngineRefusal(
             400, f"structured output: the scripted reply {text[:80]!r} does not match the regex"
+        )
+
+
+def _check_tool_choice(choice: Any, reply: ScriptedReply) -> None:
+    """vLLM's chat endpoint forces a call for ``required`` or a named function (guided
+    decoding); a scripted reply that would break that is a script error."""
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if choice != "required" and named is None:
+        return
+    if not reply.tool_calls or (named and any(n != named for n, _ in reply.tool_calls)):
+        raise EngineRefusal(
+            400, f"structured output: the scripted reply does not honour tool_choice {choice!r}"
         )
 
 

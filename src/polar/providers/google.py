@@ -159,7 +159,7 @@ class GoogleProvider(Provider):
             model=model,
             messages=messages,
             tools=tools,
-            tool_choice=_tool_choice(body.get("toolConfig")) if tools else None,
+            tool_choice=_tool_choice(body.get("toolConfig"), tools) if tools else None,
             params=_sampling(gen),
             stream=method == "streamGenerateContent",
             dropped_tools=dropped,
@@ -484,7 +484,10 @@ def _json_schema(raw: Any) -> dict[str, Any]:
     return out
 
 
-def _tool_choice(raw: Any) -> Any:
+def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
+    """``functionCallingConfig``: mode ANY forces a call (to the one allowed function when it
+    names one); allowing several but not all declared functions cannot be expressed to the
+    engine, so it is refused by name rather than widened to every tool."""
     if raw is None:
         return None
     config = _fields(require_dict(raw, "toolConfig")).get("functionCallingConfig")
@@ -495,10 +498,19 @@ def _tool_choice(raw: Any) -> Any:
     if mode is None:
         return None
     choice = _TOOL_CHOICES.get(_text_of(mode, "functionCallingConfig.mode").upper())
-    allowed = require_list(config.get("allowedFunctionNames"), "allowedFunctionNames")
+    allowed = [
+        _text_of(name, "allowedFunctionNames[]")
+        for name in require_list(config.get("allowedFunctionNames"), "allowedFunctionNames")
+    ]
     if choice == "required" and len(allowed) == 1:
-        name = _text_of(allowed[0], "allowedFunctionNames[]")
-        return {"type": "function", "function": {"name": name}}
+        return {"type": "function", "function": {"name": allowed[0]}}
+    declared = {(tool.get("function") or {}).get("name") for tool in tools}
+    if allowed and choice != "none" and set(allowed) != declared:
+        raise InvalidRequest(
+            "functionCallingConfig.allowedFunctionNames naming some but not all of the "
+            "declared functions is not supported: name one (mode ANY) or declare only the "
+            "allowed functions"
+        )
     return choice
 
 

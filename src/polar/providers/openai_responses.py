@@ -157,7 +157,7 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
                 history.add(item)
         messages = history.finish()
 
-        tool_choice = _convert_tool_choice(body.get("tool_choice"))
+        tool_choice = _convert_tool_choice(body.get("tool_choice"), tools.tools)
         if body.get("conversation") is not None:
             raise InvalidRequest(_CONVERSATION_REFUSED)
         previous = _optional_str(body, "previous_response_id")
@@ -485,7 +485,27 @@ def _custom_tool(tool: Mapping[str, Any]) -> Tool:
     return {"type": "function", "function": function}
 
 
-def _convert_tool_choice(value: Any) -> Any:
+def _allowed_tools(mode: str, allowed: Any, tools: list[dict[str, Any]]) -> Any:
+    """``allowed_tools``: one function under ``required`` is a named choice; a subset of the
+    declared functions cannot be expressed to the engine, so it is refused by name rather than
+    widened to every tool."""
+    names = [
+        _required_str(require_dict(t, "tool_choice.tools[]"), "name", "tool_choice.tools[]")
+        for t in require_list(allowed, "tool_choice.tools")
+        if isinstance(t, dict) and t.get("type") == "function"
+    ]
+    if mode == "required" and len(names) == 1:
+        return {"type": "function", "function": {"name": names[0]}}
+    declared = {(tool.get("function") or {}).get("name") for tool in tools}
+    if names and set(names) != declared:
+        raise InvalidRequest(
+            "tool_choice allowed_tools naming some but not all of the declared functions is "
+            "not supported: name one function, or declare only the allowed ones"
+        )
+    return mode
+
+
+def _convert_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
     if value is None or value in ("auto", "none", "required"):
         return value
     if isinstance(value, dict):
@@ -497,7 +517,7 @@ def _convert_tool_choice(value: Any) -> Any:
             mode = value.get("mode")
             if mode not in ("auto", "required"):
                 raise InvalidRequest("tool_choice.mode must be 'auto' or 'required'")
-            return mode
+            return _allowed_tools(mode, value.get("tools"), tools)
         if isinstance(kind, str):
             # A hosted tool (web_search, ...) was dropped; the model may still pick others.
             return "auto"

@@ -253,6 +253,18 @@ def test_tool_config_maps_to_tool_choice(config: dict[str, Any], choice: Any) ->
     assert parse(body).tool_choice == choice
 
 
+def test_allowed_names_naming_a_subset_are_refused_by_name_not_widened() -> None:
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "tools": [{"functionDeclarations": [{"name": "f"}, {"name": "g"}, {"name": "h"}]}],
+        "toolConfig": {
+            "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["f", "g"]}
+        },
+    }
+    with pytest.raises(InvalidRequest, match="allowedFunctionNames naming some but not all"):
+        parse(body)
+
+
 def test_tool_choice_stays_unset_without_tools() -> None:
     body = {
         "contents": [{"role": "user", "parts": [{"text": "hi"}]}],

@@ -554,6 +554,14 @@ def test_sampling_params_and_accepted_fields() -> None:
             {"type": "function", "function": {"name": "apply_patch"}},
         ),
         ({"type": "allowed_tools", "mode": "required", "tools": []}, "required"),
+        (
+            {
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [{"type": "function", "name": "shell"}],
+            },
+            {"type": "function", "function": {"name": "shell"}},
+        ),
         ({"type": "web_search_preview"}, "auto"),
         (None, None),
     ],
@@ -561,6 +569,16 @@ def test_sampling_params_and_accepted_fields() -> None:
 def test_tool_choice(tool_choice: Any, expected: Any) -> None:
     body = {"input": "x", "tools": [SHELL_TOOL, APPLY_PATCH_TOOL], "tool_choice": tool_choice}
     assert parse(body).tool_choice == expected
+
+
+def test_allowed_tools_naming_a_subset_is_refused_by_name_not_widened() -> None:
+    choice = {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [{"type": "function", "name": "shell"}],
+    }
+    with pytest.raises(InvalidRequest, match="allowed_tools naming some but not all"):
+        parse({"input": "x", "tools": [SHELL_TOOL, APPLY_PATCH_TOOL], "tool_choice": choice})
 
 
 def test_tool_choice_is_dropped_without_tools() -> None:
