@@ -7,12 +7,21 @@ idle sockets reach it. :func:`guarded_protocol` closes that gap: a request's lin
 must arrive within ``header_timeout_s``, its body within ``body_timeout_s``, and beyond
 ``max_connections`` a new connection displaces the one idle longest (none with a request in
 progress), so a flood of silent sockets never stops a legitimate call.
+
+The connection cap is worth nothing if the descriptors run out first: a flood then costs the
+engine pool, the store and sandboxes their ``open()`` (``Too many open files``). So the
+soft descriptor limit is raised to the hard one at start, and the cap and the accept burst
+are derived from it (:func:`connection_cap`). h11 bounds the headers only while they arrive
+in pieces; :class:`_GuardedH11Protocol` counts them itself, so ``max_header_bytes`` holds
+when they arrive in one read too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import resource
 import socket
 from typing import Any
 
@@ -46,6 +55,32 @@ class ServerLimits(BaseModel):
         32 * 1024, ge=1024, description="Request line and headers, together."
     )
     backlog: int = Field(2048, ge=1, description="Connections waiting to be accepted.")
+    reserved_fds: int = Field(
+        128,
+        ge=0,
+        description="Descriptors kept from the connection cap for the store, logs and "
+        "sandboxes (the engine pool's are counted apart: one per connection).",
+    )
+
+
+def raise_descriptor_limit() -> int:
+    """The soft RLIMIT_NOFILE raised to the hard one (many systems start processes at 1024
+    with a far higher hard limit); the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def connection_cap(limits: ServerLimits, descriptors: int) -> int:
+    """The connections a server holds when ``descriptors`` may be open: ``max_connections``,
+    but at most what leaves ``reserved_fds`` free and one engine connection per client one (a
+    call in flight holds both)."""
+    if descriptors == resource.RLIM_INFINITY:
+        return limits.max_connections
+    return max(1, min(limits.max_connections, (descriptors - limits.reserved_fds) // 2))
 
 
 def serve(
@@ -71,34 +106,53 @@ def serve(
 
 
 def uvicorn_settings(limits: ServerLimits) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that apply ``limits``."""
+    """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that apply ``limits`` (the
+    process's soft descriptor limit raised first: see :func:`raise_descriptor_limit`)."""
+    cap = connection_cap(limits, raise_descriptor_limit())
     return {
-        "http": guarded_protocol(limits),
+        "http": guarded_protocol(limits, cap),
         "timeout_keep_alive": limits.keep_alive_s,
         "h11_max_incomplete_event_size": limits.max_header_bytes,
-        "backlog": limits.backlog,
+        "backlog": accept_burst(limits, raise_descriptor_limit(), cap),
     }
 
 
-def guarded_protocol(limits: ServerLimits) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with ``limits``' read deadlines and connection cap."""
+def accept_burst(limits: ServerLimits, descriptors: int, cap: int) -> int:
+    """The listen backlog: the event loop accepts up to that many sockets in one go before any
+    of them can displace an idle one, so the burst must fit in what ``cap`` leaves free."""
+    if descriptors == resource.RLIM_INFINITY:
+        return limits.backlog
+    return max(1, min(limits.backlog, (descriptors - 2 * cap) // 2))
+
+
+def guarded_protocol(limits: ServerLimits, max_connections: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with ``limits``' read deadlines and header size, holding at most
+    ``max_connections``."""
 
     class GuardedH11Protocol(_GuardedH11Protocol):
         pass
 
     GuardedH11Protocol.limits = limits
+    GuardedH11Protocol.max_connections = max_connections
     return GuardedH11Protocol
+
+
+# Where a request's head ends; h11 accepts a bare LF as a line end too.
+_HEAD_END = re.compile(rb"\n\r?\n")
 
 
 class _GuardedH11Protocol(H11Protocol):
     limits: ServerLimits
+    max_connections: int
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
         self._reading_body = False
+        self._head_bytes = 0
+        self._head_tail = b""
         self.idle_since = self.loop.time()
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
+        if len(self.connections) > self.max_connections:
             idle = [
                 c
                 for c in self.connections
@@ -118,6 +172,9 @@ class _GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            self._refuse_head()
+            return
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -125,12 +182,35 @@ class _GuardedH11Protocol(H11Protocol):
         if state is h11.IDLE:
             if self._deadline is None:  # the first byte of a request after a keep-alive wait
                 self._arm(self.limits.header_timeout_s)
-        elif state is h11.SEND_BODY:
+            return
+        self._head_bytes, self._head_tail = 0, b""
+        if state is h11.SEND_BODY:
             if not self._reading_body:
                 self._arm(self.limits.body_timeout_s)
                 self._reading_body = True
         else:
             self._disarm()
+
+    def _head_too_large(self, data: bytes) -> bool:
+        """Counts the request line and headers in ``data`` (up to their blank line), across
+        reads; whether they pass ``max_header_bytes``."""
+        seen = self._head_tail + data
+        end = _HEAD_END.search(seen)
+        if end is None:
+            self._head_bytes += len(data)
+            self._head_tail = seen[-2:]
+        else:
+            self._head_bytes += end.end() - len(self._head_tail)
+        return self._head_bytes > self.limits.max_header_bytes
+
+    def _refuse_head(self) -> None:
+        """400, as h11 answers headers too large when they arrive in pieces, then close."""
+        message = f"request line and headers exceed {self.limits.max_header_bytes} bytes".encode()
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(message), message)
+        )
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         self._disarm()

@@ -4,8 +4,11 @@ is read."""
 
 from __future__ import annotations
 
+import re
 import resource
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +232,86 @@ def send_until_refused_framed(sock: socket.socket, frame: bytes, total: int) -> 
     except (BrokenPipeError, ConnectionResetError, TimeoutError):
         pass
     return sent
+
+
+def _serve_gateway_under(nofile: int, tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    """``polar serve-gateway`` (scripted engine, sessions by key) in a process whose descriptor
+    limit is ``nofile``, soft and hard, as under ``ulimit -n``; its port."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    args = ["--engine", "scripted", "--port", "0", "--auto-register"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from polar.cli.main import main; raise SystemExit(main())",
+            "serve-gateway",
+            *args,
+            "--capture-db",
+            str(tmp_path / "c.db"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=limit,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        found = re.search(r"Polar gateway on http://127\.0\.0\.1:(\d+)", line)
+        if found:
+            return proc, int(found.group(1))
+    raise AssertionError(f"the gateway did not start (exit {proc.wait()})")
+
+
+def test_1100_idle_sockets_under_ulimit_1024_leave_real_calls_working(tmp_path: Path) -> None:
+    proc, port = _serve_gateway_under(1024, tmp_path)
+    idle = []
+    try:
+        for i in range(IDLE_SOCKETS):
+            sock = socket.create_connection(("127.0.0.1", port))
+            if i % 2:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            idle.append(sock)
+        time.sleep(0.5)
+        url = f"http://127.0.0.1:{port}/s/ps-{'k' * 32}/v1/chat/completions"
+        started = time.monotonic()
+        replies = [httpx.post(url, json=CHAT, timeout=10.0) for _ in range(5)]
+        took = time.monotonic() - started
+        assert [r.status_code for r in replies] == [200] * 5, replies[-1].text
+        print(f"\nulimit 1024, {IDLE_SOCKETS} idle sockets: 5 calls in {took * 1e3:.0f} ms")
+        assert took < 5.0
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "Too many open files" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        "x-big: " + "a" * 40_000 + "\r\n",
+        "x-big: " + "a" * 100_000 + "\r\n",
+        "".join(f"x-h{i}: v\r\n" for i in range(5000)),
+    ],
+    ids=["40KB", "100KB", "5000-headers"],
+)
+def test_headers_over_the_limit_are_a_400_even_in_one_read(
+    gateway: BackgroundServer, headers: str
+) -> None:
+    key = new_session(gateway)
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    head = (
+        f"POST /s/{key}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n{headers}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.settimeout(5.0)
+    sock.sendall(head.encode() + body)  # one write: the server may read it all at once
+    answer = sock.recv(65536)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert call(gateway, key).status_code == 200  # and the server goes on serving
