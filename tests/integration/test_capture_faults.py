@@ -36,6 +36,7 @@ class FaultyBackend(ScriptedBackend):
 
     fixed_id: str | None = None
     malformed: bool = False
+    bad_id: int | None = None
 
     def respond(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
         return self._spoil(super().respond(body, reply))
@@ -48,6 +49,8 @@ class FaultyBackend(ScriptedBackend):
             out["id"] = self.fixed_id
         if self.malformed:
             out["choices"][0]["token_ids"] = [1, "two", 3]
+        if self.bad_id is not None:
+            out["choices"][0]["token_ids"][-1] = self.bad_id
         return out
 
 
@@ -283,6 +286,18 @@ async def test_malformed_engine_token_fields_are_a_502_and_nothing_is_stored(gat
     assert [r.status_code for r in replies] == [502, 502]
     message = replies[0].json()["error"]["message"]
     assert "malformed token fields" in message and "token_ids[1]" in message
+    assert gw.store.call_counts() == {}
+
+
+@pytest.mark.parametrize("render", ["engine", "gateway"])
+@pytest.mark.parametrize("bad_id", [2**31, -1, 2**40])
+async def test_token_ids_past_int32_or_negative_are_a_502_engine_error(gateway, render, bad_id):
+    gw = gateway({"render": {"mode": render}})
+    gw.backend.bad_id = bad_id
+    [reply] = await _sessions(gw, 1, 1)
+    assert reply.status_code == 502, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "engine_error" and str(bad_id) in error["message"], error
     assert gw.store.call_counts() == {}
 
 

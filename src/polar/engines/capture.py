@@ -27,6 +27,8 @@ from polar.errors import EngineError, MalformedEngineReply
 from polar.providers.base import arguments_text, new_id
 from polar.providers.types import FINISH_REASONS, Completion, TokenLogprob, ToolCall
 
+MAX_TOKEN_ID = 2**31 - 1  # the capture store keeps ids as int32
+
 
 def capture_from_response(body: Any) -> tuple[Completion, TokenCapture]:
     """The normalized completion and token capture of choice 0 of an engine reply."""
@@ -157,12 +159,20 @@ def _ids(values: Any, field: str) -> list[int]:
     """Token ids exactly as the engine sent them: a list of JSON integers."""
     if not isinstance(values, list):
         raise _malformed(f"{field} is {type(values).__name__}, not a list of token ids")
-    # Checked at C speed (~15 ns an id); the loop only names the culprit. Negative and
-    # over-32-bit ids are the capture store's to refuse (a numpy check it makes anyway).
+    # Checked at C speed (~15 ns an id); the loop only names the culprit.
     if values and set(map(type, values)) != {int}:
         i, t = next((i, t) for i, t in enumerate(values) if type(t) is not int)
         raise _malformed(f"{field}[{i}] is {str(t)[:40]!r}, not a token id")
+    check_id_range(values, field)
     return values
+
+
+def check_id_range(ids: list[int], field: str) -> None:
+    """:class:`MalformedEngineReply` for an id the capture store cannot hold exactly (negative,
+    or past int32), so the engine's fault is a 502 before the store would refuse it."""
+    if ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+        i, t = next((i, t) for i, t in enumerate(ids) if not 0 <= t <= MAX_TOKEN_ID)
+        raise _malformed(f"{field}[{i}] is {str(t)[:40]}: token ids run from 0 to {MAX_TOKEN_ID}")
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:

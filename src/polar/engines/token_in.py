@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from polar.engines.capture import check_id_range
 from polar.engines.types import (
     FLAG_LOGPROBS_MISALIGNED,
     FLAG_LOGPROBS_MISSING,
@@ -94,12 +95,13 @@ def _sampled(
 
 def _ids(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+        isinstance(t, int) and not isinstance(t, bool) for t in value
     ):
         raise EngineError(
             f"engine reply lacks valid token ids at {where}; Polar needs the engine to return "
             "sampled ids (vLLM >= 0.10.2 with return_token_ids, SGLang /generate)"
         )
+    check_id_range(value, where)
     return list(value)
 
 
