@@ -202,7 +202,9 @@ def show_status(args: argparse.Namespace) -> int:
         nodes.add_column(column)
     for n in status.nodes:
         health = "dead" if n.dead else "healthy" if n.healthy else "silent"
-        if n.draining:
+        if n.drained:
+            health = "drained"
+        elif n.draining:
             health += ", draining"
         st = n.stages
         nodes.add_row(

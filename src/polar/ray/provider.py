@@ -128,7 +128,10 @@ class RayNodeProvider:
                 level=logging.WARNING,
                 node_id=gateway_node_id(ray_node),
             )
-        for ray_node in self._gone_for_good():
+        # A gateway gone for good is replaced from the next round on: its loss is reported
+        # first, so the replacement's registration is never the one declared lost.
+        gone = self._gone_for_good()
+        for ray_node in gone:
             lost[gateway_node_id(ray_node)] = self._spend(ray_node)
         retired = []
         for node in nodes:
@@ -138,7 +141,7 @@ class RayNodeProvider:
             if ray_node in self.retired:
                 if self._finish_drain(ray_node):
                     retired.append(gateway_node_id(ray_node))
-            elif ray_node not in self.placed and self._may_place(ray_node):
+            elif ray_node not in self.placed and ray_node not in gone and self._may_place(ray_node):
                 self.cluster.place(ray_node, self.spec)
                 self.placed.add(ray_node)
                 log_event(

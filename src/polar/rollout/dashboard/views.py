@@ -105,7 +105,9 @@ class Throughput:
 
 def node_card(view: NodeView, activity: NodeActivity | None) -> NodeCard:
     stages, workers = view.stages, view.workers
-    if view.dead:
+    if view.drained:
+        state = "drained"
+    elif view.dead:
         state = "dead"
     elif view.draining:
         state = "draining"
