@@ -76,6 +76,13 @@ def _session(request: Request, session_id: SessionId) -> GatewaySession:
     return session
 
 
+def _readable(request: Request, session_id: SessionId) -> None:
+    """404 unless the session is live or closed: a closed session's key no longer works, but
+    its records are the operator's to read (these routes need the admin token)."""
+    if not services(request).sessions.is_closed(session_id):
+        _session(request, session_id)
+
+
 @router.post("/sessions", status_code=201)
 async def create_session(request: Request, spec: CreateSession) -> SessionInfo:
     sessions = services(request).sessions
@@ -109,7 +116,7 @@ async def get_session(request: Request, session_id: SessionId) -> SessionInfo:
 
 @router.get("/sessions/{session_id}/completions")
 async def list_completions(request: Request, session_id: SessionId) -> list[dict[str, Any]]:
-    _session(request, session_id)
+    _readable(request, session_id)
     return services(request).store.summaries(session_id)
 
 
@@ -122,7 +129,7 @@ def get_records(
 ) -> StreamingResponse:
     """The session's records in call order, streamed a page of rows at a time. A row that does
     not decode is reported in its place as ``{completion_id, session_id, seq, error}``."""
-    _session(request, session_id)
+    _readable(request, session_id)
     items = services(request).store.iter_records(session_id, after_seq=after_seq, limit=limit)
     return StreamingResponse(_json_array(items), media_type="application/json")
 
@@ -140,7 +147,7 @@ def _json_array(items: Iterable[CaptureRecord | RecordFault]) -> Iterator[bytes]
 
 @router.get("/sessions/{session_id}/records/{completion_id}")
 def get_record(request: Request, session_id: SessionId, completion_id: str) -> CaptureRecord:
-    _session(request, session_id)
+    _readable(request, session_id)
     try:
         record = services(request).store.record(completion_id, session_id=session_id)
     except CorruptRecord as exc:

@@ -144,3 +144,43 @@ def test_a_restarted_node_closes_the_sessions_of_its_earlier_life(
         call = httpx.post(f"{server.url}/s/{sid}/v1/chat/completions", json=CHAT, timeout=30)
         assert call.status_code == 401
         assert app_services(app).store.sessions()[sid]["closed"] is True
+
+
+def test_a_closed_sessions_records_stay_readable_by_the_operator(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """A node closes each finished session (its key stops working) but keeps its records; the
+    capture API serves them to the admin token, and still to nobody else."""
+    config = node_config(tmp_path)
+    store = CaptureStore(config.capture_db)
+    sid = "ps-finished-on-an-earlier-life"
+    asyncio.run(store.add_session(sid, {"task_id": "t"}))
+    store.close()
+    app = gateway(config, tokenizer)
+    admin = {"x-polar-admin-token": app_services(app).admin_token or ""}
+    with BackgroundServer(app) as server:
+        live = "ps-a-live-session-000000000001"
+        made = httpx.post(f"{server.url}/polar/sessions", json={"session_id": live}, headers=admin)
+        assert made.status_code == 201
+        call = httpx.post(f"{server.url}/s/{live}/v1/chat/completions", json=CHAT, timeout=30)
+        assert call.status_code == 200
+        app_services(app).sessions.remove(live)  # as the node closes a finished session
+        asyncio.run(app_services(app).store.close_session(live))
+        assert (
+            httpx.post(f"{server.url}/s/{live}/v1/chat/completions", json=CHAT).status_code == 401
+        )
+        for closed, calls in [(live, 1), (sid, 0)]:
+            base = f"{server.url}/polar/sessions/{closed}"
+            records = httpx.get(f"{base}/records", headers=admin)
+            assert records.status_code == 200 and len(records.json()) == calls, records.text
+            listed = httpx.get(f"{base}/completions", headers=admin)
+            assert listed.status_code == 200 and len(listed.json()) == calls
+            assert httpx.get(f"{base}/records").status_code == 401
+        record_id = call.json()["id"]
+        one = httpx.get(f"{server.url}/polar/sessions/{live}/records/{record_id}", headers=admin)
+        assert one.status_code == 200 and one.json()["completion_id"] == record_id
+        unknown = httpx.get(
+            f"{server.url}/polar/sessions/ps-never-was-000000001/records", headers=admin
+        )
+        assert unknown.status_code == 404
+    app_services(app).store.close()
