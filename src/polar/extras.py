@@ -15,6 +15,7 @@ from polar.errors import ConfigError
 # The top-level modules Polar itself imports from each extra (not every package it installs).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "render": ("transformers",),
+    "deepseek": ("transformers", "miles_tito_tokenizers"),
     "embedded": ("torch", "transformers", "gguf"),
     "parquet": ("pyarrow",),
     "train": ("torch", "transformers", "gguf"),
