@@ -87,13 +87,27 @@ class RenderConfig(BaseModel):
         description="A .jinja file or a template Polar ships (smollm2_tools) replacing the "
         "tokenizer's own.",
     )
-    tool_parser: str = Field(
-        "hermes",
-        description="How sampled text becomes tool calls and reasoning: hermes, qwen3, "
-        "qwen3_coder, llama3_json, or module:Class.",
+    family: str | None = Field(
+        None,
+        description="The served model's family (smollm2, qwen2_5, qwen3, qwen3_next, qwen3_5, "
+        "qwen3_coder, llama3, glm47, ..., tokenizer, or module:Class): its template, parser, "
+        "turn ends and reasoning policy. Default: detected from the tokenizer.",
+    )
+    tool_parser: str | None = Field(
+        None,
+        description="Override the family's parser of sampled text into tool calls and "
+        "reasoning: hermes, qwen3, qwen3_coder, llama3_json, glm47, ..., or module:Class. With "
+        "no family known, naming one serves the model with its tokenizer's own template.",
     )
     eot_token: str | None = Field(
-        None, description="The end-of-turn token (default: the tokenizer's eos token)."
+        None, description="Override the family's end-of-turn tokens with this one token."
+    )
+    reasoning_history: Literal["keep", "drop"] | None = Field(
+        None,
+        description="For reasoning families, after a new user message: keep splices the past "
+        "turns' reasoning as sampled (one merged trace; differs from what the template "
+        "renders), drop renders the prompt whole as the template does (the trace splits "
+        "there). Default: the family's (drop where its template drops past reasoning).",
     )
     turns_kept: int = Field(
         16, ge=1, description="Sampled turns remembered per session for splicing."

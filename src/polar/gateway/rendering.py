@@ -30,6 +30,7 @@ from polar.extras import MissingExtra, require
 from polar.gateway.config import GatewayConfig, RenderConfig
 from polar.gateway.sessions import SessionTable
 from polar.providers.types import Completion, NormalizedRequest, TokenLogprob
+from polar.rendering.families.base import Family
 from polar.rendering.renderer import PromptPlan, Renderer
 from polar.rendering.turns import TurnBook
 
@@ -40,6 +41,8 @@ FLAG_SPLICED = "prompt_extends_sampled_turn"
 FLAG_RENDERED_WHOLE = "prompt_rendered_whole"
 FLAG_CLAMPED_TO_CONTEXT = "max_tokens_clamped_to_context"
 FLAG_PARALLEL_CALLS_CUT = "parallel_tool_calls_kept_first"
+# A spliced prompt carries past reasoning the family's template drops (reasoning_history: keep).
+FLAG_REASONING_KEPT = "reasoning_history_keep"
 
 
 @dataclass
@@ -69,10 +72,22 @@ async def discover(config: GatewayConfig, engine: Engine) -> EngineFacts:
     unrendered = "no tokenizer known for the served model (set render.tokenizer)"
     try:
         renderer = await asyncio.to_thread(_renderer, config.render, engine, info)
+    except UnknownFamily as exc:
+        renderer, unrendered = None, str(exc)
     except MissingExtra as exc:
         if config.render.mode != "auto" or config.render.tokenizer:
             raise  # asked for by name: fail the start
         renderer, unrendered = None, str(exc)
+    if renderer is not None:
+        log.info(
+            "render: gateway, model family %s (%s), tool parser %s, turn ends %s, "
+            "reasoning_history %s",
+            renderer.family.name,
+            "from render.family" if config.render.family else "detected",
+            renderer.parser.name,
+            " ".join(renderer.turn_ends.values()),
+            renderer.reasoning_history,
+        )
     if renderer is None and window is not None and not await _can_count(engine, served):
         notes.append(
             "the engine has no working /tokenize: prompts are not checked against the context "
@@ -123,6 +138,10 @@ async def _can_count(engine: Engine, model: str | None) -> bool:
     return True
 
 
+class UnknownFamily(ConfigError):
+    """No family recognises the served model's tokenizer and the config names none."""
+
+
 def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Renderer | None:
     if render.mode == "engine":
         return None
@@ -137,15 +156,42 @@ def _renderer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> R
     from polar.rendering.chat_template import bundled_template
     from polar.rendering.parsers.registry import get_tool_parser
 
+    family = _family(render, tokenizer)
     template = None
     if render.chat_template:
         path = Path(render.chat_template)
         template = path.read_text("utf-8") if path.is_file() else bundled_template(path.stem)
     return Renderer(
         tokenizer,
-        get_tool_parser(render.tool_parser),
+        family,
         chat_template=template,
-        eot_token=render.eot_token,
+        parser=get_tool_parser(render.tool_parser) if render.tool_parser else None,
+        turn_ends=(render.eot_token,) if render.eot_token else None,
+        reasoning_history=render.reasoning_history,
+    )
+
+
+def _family(render: RenderConfig, tokenizer: Any) -> Family:
+    """The configured family, else the detected one, else (a parser named) the tokenizer's."""
+    from polar.rendering.families.registry import FAMILIES, detect_family, get_family
+
+    if render.family:
+        return get_family(render.family)
+    family = detect_family(tokenizer)
+    if family is not None:
+        return family
+    if render.tool_parser:
+        return get_family("tokenizer")
+    known = ", ".join(FAMILIES.names())
+    if render.mode == "gateway":
+        raise ConfigError(
+            "render: gateway: the served model's family is not known from its tokenizer, so "
+            f"its tool calls cannot be parsed; set render.family ({known}, or module:Class) or "
+            "render.tool_parser"
+        )
+    raise UnknownFamily(
+        f"no model family recognises the served model's tokenizer (known: {known}; set "
+        "render.family or render.tool_parser)"
     )
 
 
@@ -196,6 +242,8 @@ class TokenPrompts:
         flags.append(FLAG_RENDERED_BY_GATEWAY)
         if plan.spliced_from is not None:
             flags.append(FLAG_SPLICED)
+            if plan.keeps_dropped_reasoning:
+                flags.append(FLAG_REASONING_KEPT)
         else:
             flags.append(f"{FLAG_RENDERED_WHOLE}:{plan.fresh_reason}")
         return plan

@@ -7,6 +7,10 @@ the template's rendering of what the harness added since (tool results, user tex
 generation prompt). Nothing of the sampled turn is re-rendered, so JSON whitespace, key order,
 non-canonical tokenizations and templates that drop past reasoning cannot change it. A request
 that does not continue a known turn is rendered whole, and the plan says why.
+
+Everything family-specific (template, parser, turn-end tokens, what history writes in their
+place, the reasoning-history policy) comes from the served model's
+:class:`~polar.rendering.families.base.Family`.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from polar.errors import ConfigError
+from polar.errors import ConfigError, InvalidRequest
 from polar.providers.types import NormalizedRequest
-from polar.rendering.chat_template import render_text
+from polar.rendering.families.base import Family, ReasoningHistory
 from polar.rendering.parsers.base import ParsedTurn, ToolParser
 from polar.rendering.turns import SampledTurn, TurnBook, context_digest
 
@@ -31,6 +35,7 @@ FRESH_UNKNOWN_TURN = "unknown_assistant_turn"
 FRESH_HISTORY_CHANGED = "history_changed"
 FRESH_TEMPLATE_GLUE = "template_glue_unknown"
 FRESH_PREFILL = "assistant_prefill"
+FRESH_REASONING_DROPPED = "reasoning_history_drop"
 
 
 @dataclass(frozen=True)
@@ -43,29 +48,46 @@ class PromptPlan:
     fresh_reason: str | None = None
     base: SampledTurn | None = None  # the turn it extends
     shared: int = 0  # leading ids that are the base's prompt + sampled ids
+    # The splice carries a sampled turn's reasoning past a new user query, where the template
+    # would have dropped it (reasoning_history: keep).
+    keeps_dropped_reasoning: bool = False
 
 
 class Renderer:
-    """A served model's tokenizer, chat template and tool-call parser, used by the gateway."""
+    """A served model's tokenizer and family (template, parser, turn ends), used by the gateway.
+
+    ``chat_template``, ``parser``, ``turn_ends`` and ``reasoning_history`` override the
+    family's own (the ``render`` config section).
+    """
 
     def __init__(
         self,
         tokenizer: Any,
-        parser: ToolParser,
+        family: Family,
         *,
         chat_template: str | None = None,
-        eot_token: str | None = None,
+        parser: ToolParser | None = None,
+        turn_ends: tuple[str, ...] | None = None,
+        reasoning_history: ReasoningHistory | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.parser = parser
-        self.chat_template = chat_template
-        self.eot_text = str(eot_token or tokenizer.eos_token or "")
-        eot_id = tokenizer.convert_tokens_to_ids(self.eot_text) if self.eot_text else None
-        if not isinstance(eot_id, int) or eot_id == tokenizer.unk_token_id:
-            raise ConfigError(
-                f"the tokenizer has no end-of-turn token {self.eot_text!r}; set render.eot_token"
-            )
-        self.eot_id: int = eot_id
+        self.family = family
+        self.parser = parser or family.parser()
+        self.chat_template = chat_template or family.chat_template(tokenizer)
+        self.reasoning_history: ReasoningHistory = reasoning_history or family.reasoning_history
+        self.turn_ends: dict[int, str] = {}
+        for token in turn_ends or family.turn_end_tokens(tokenizer):
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
+                raise ConfigError(
+                    f"the tokenizer has no end-of-turn token {token!r} (family "
+                    f"{family.name}); set render.eot_token"
+                )
+            self.turn_ends[token_id] = token
+        if not self.turn_ends:
+            raise ConfigError("the tokenizer has no eos token; set render.eot_token")
+        self.eot_id: int = next(iter(self.turn_ends))  # the first: what a turn usually ends with
+        self._special = _special_tokens(tokenizer)
         # Fast tokenizers are not safe to call from several threads at once.
         self._lock = threading.Lock()
 
@@ -76,11 +98,10 @@ class Renderer:
         *,
         continue_final: bool = False,
     ) -> str:
-        return render_text(
+        return self.family.render(
             self.tokenizer,
             messages,
             tools or None,
-            add_generation_prompt=True,
             chat_template=self.chat_template,
             continue_final=continue_final,
         )
@@ -90,8 +111,26 @@ class Renderer:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included (what the model really sampled)."""
         with self._lock:
-            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+            return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def sampled_text(self, ids: list[int]) -> str:
+        """A sampled turn's text for the parser: special tokens the family's parser reads stay,
+        every other special token (eos, padding) is dropped."""
+        pieces: list[str] = []
+        run: list[int] = []
+        for token_id in ids:
+            special = self._special.get(token_id)
+            if special is None:
+                run.append(token_id)
+                continue
+            pieces.append(self.decode(run))
+            run = []
+            if special in self.family.parse_specials:
+                pieces.append(special)
+        pieces.append(self.decode(run))
+        return "".join(pieces)
 
     def count(self, request: NormalizedRequest) -> int:
         """The prompt length of ``request`` rendered whole (token counting endpoints)."""
@@ -114,6 +153,9 @@ class Renderer:
             return self._whole(messages, tools, digest, FRESH_UNKNOWN_TURN)
         if context_digest(messages[:last], tools) != turn.context_digest:
             return self._whole(messages, tools, digest, FRESH_HISTORY_CHANGED)
+        new_query = self.family.features.reasoning and _has_user_turn(messages[last + 1 :])
+        if new_query and self.reasoning_history == "drop":
+            return self._whole(messages, tools, digest, FRESH_REASONING_DROPPED)
         tail = self._after_turn(messages, last, tools, turn)
         if tail is None:
             return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE)
@@ -124,6 +166,7 @@ class Renderer:
             spliced_from=turn.completion_id,
             base=turn,
             shared=len(head),
+            keeps_dropped_reasoning=new_query,
         )
 
     def remember(
@@ -149,7 +192,7 @@ class Renderer:
             own_ids=array("i", own),
             sampled_ids=array("i", sampled_ids),
             context_digest=plan.digest,
-            ended_with_eot=bool(sampled_ids) and sampled_ids[-1] == self.eot_id,
+            turn_end=self.turn_ends.get(sampled_ids[-1]) if sampled_ids else None,
             base=base,
         )
         book.add(turn, content, tool_call_ids, bool(tool_call_ids))
@@ -158,8 +201,9 @@ class Renderer:
         self, sampled_ids: list[int], request: NormalizedRequest
     ) -> tuple[ParsedTurn, str | None]:
         """Content, reasoning and tool calls of a sampled turn, and the stop string it hit."""
-        body = sampled_ids[:-1] if sampled_ids and sampled_ids[-1] == self.eot_id else sampled_ids
-        text, stop = cut_at_stop(self.decode(body), tuple(request.params.stop or ()))
+        ended = bool(sampled_ids) and sampled_ids[-1] in self.turn_ends
+        body = sampled_ids[:-1] if ended else sampled_ids
+        text, stop = cut_at_stop(self.sampled_text(body), tuple(request.params.stop or ()))
         tools_allowed = bool(request.tools) and request.tool_choice != "none"
         parsed = self.parser.parse(text, request.tools if tools_allowed else None)
         if parsed.tool_calls and not tools_allowed:
@@ -183,19 +227,64 @@ class Renderer:
         turn: SampledTurn,
     ) -> str | None:
         """The template's text after the assistant turn at ``index``, minus what the sampled
-        ids already hold (their end-of-turn token), or None if the template hides the turn."""
-        marked = [*messages[:index], {"role": "assistant", "content": _PLACEHOLDER}]
-        marked += messages[index + 1 :]
-        text = self.render(marked, tools)
-        at = text.find(_PLACEHOLDER)
-        if at < 0 or text.count(_PLACEHOLDER) != 1:
+        ids already hold (their turn-end token), or None if it cannot be told apart.
+
+        The turn is rendered as a placeholder that keeps its tool calls (and ids), since
+        templates check them to render the tool results after it; the rendered calls and the
+        template's own turn end are then cut at the first turn-closing text after it.
+        """
+        marked = {
+            k: v for k, v in messages[index].items() if k not in ("reasoning", "reasoning_content")
+        }
+        marked["content"] = _PLACEHOLDER
+        history = [*messages[:index], marked, *messages[index + 1 :]]
+        try:
+            text = self.render(history, tools)
+        except InvalidRequest:
+            return None  # the template refuses the history: rendered whole, its error shown
+        start = self._turn_start(text, messages[:index], tools)
+        if start is None:
             return None
-        tail = text[at + len(_PLACEHOLDER) :]
-        if not turn.ended_with_eot:
-            return tail  # a length or stop-string end: the template closes the turn
-        if not tail.startswith(self.eot_text):
+        close_at, close = self._first_close(text, start)
+        if close is None:
             return None
-        return tail[len(self.eot_text) :]
+        if turn.turn_end is None:
+            return text[close_at:]  # a length or stop-string end: the template closes the turn
+        if close != self.family.history_end(turn.turn_end):
+            return None
+        return text[close_at + len(close) :]
+
+    def _turn_start(
+        self, text: str, before: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> int | None:
+        """Where the placeholder turn's own text starts in ``text``: after the placeholder,
+        or, for a template that drops a call turn's text (Llama 3.1), after the history
+        before it rendered alone, when that is a prefix."""
+        if text.count(_PLACEHOLDER) == 1:
+            return text.index(_PLACEHOLDER) + len(_PLACEHOLDER)
+        if _PLACEHOLDER in text or not before:
+            return None
+        try:
+            prefix = self.family.render(
+                self.tokenizer,
+                before,
+                tools or None,
+                chat_template=self.chat_template,
+                add_generation_prompt=False,
+            )
+        except InvalidRequest:
+            return None
+        return len(prefix) if text.startswith(prefix) else None
+
+    def _first_close(self, text: str, start: int) -> tuple[int, str | None]:
+        """The earliest text history writes to close a turn, at or after ``start``."""
+        best: tuple[int, str | None] = (len(text), None)
+        for token in self.turn_ends.values():
+            close = self.family.history_end(token)
+            at = text.find(close, start) if close else -1
+            if 0 <= at < best[0]:
+                best = (at, close)
+        return best
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
@@ -205,6 +294,24 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:
         return text, None
     position, stop = min(hits)
     return text[:position], stop
+
+
+def _has_user_turn(messages: list[dict[str, Any]]) -> bool:
+    return any(m.get("role") == "user" for m in messages)
+
+
+def _special_tokens(tokenizer: Any) -> dict[int, str]:
+    """Every special token of ``tokenizer`` by id (added tokens marked special included)."""
+    found = {
+        token_id: str(token.content)
+        for token_id, token in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        if getattr(token, "special", False)
+    }
+    for token_id, token in zip(
+        tokenizer.all_special_ids, tokenizer.all_special_tokens, strict=False
+    ):
+        found.setdefault(int(token_id), str(token))
+    return found
 
 
 def _last_assistant(messages: list[dict[str, Any]]) -> int | None:

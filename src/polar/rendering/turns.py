@@ -34,7 +34,7 @@ class SampledTurn:
     own_ids: array[int]
     sampled_ids: array[int]
     context_digest: bytes
-    ended_with_eot: bool
+    turn_end: str | None  # the turn-end token it sampled; None: cut by length or a stop string
     base: SampledTurn | None = None
 
     @property

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from polar.engines.model_files import load_tokenizer
 from polar.providers.types import NormalizedRequest, SamplingParams
 from polar.rendering.chat_template import render_prompt
-from polar.rendering.parsers.registry import get_tool_parser
+from polar.rendering.families.registry import get_family
 from polar.rendering.renderer import (
     FRESH_HISTORY_CHANGED,
     FRESH_NO_ASSISTANT_TURN,
@@ -37,7 +37,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def renderer() -> Renderer:
-    return Renderer(load_tokenizer(), get_tool_parser("hermes"))
+    return Renderer(load_tokenizer(), get_family("smollm2"))
 
 
 def request(messages: list[dict[str, Any]], **params: Any) -> NormalizedRequest:
@@ -217,7 +217,9 @@ def test_a_template_that_drops_past_reasoning_still_gives_one_exact_trace() -> N
     tok.add_tokens(["<think>", "</think>"])  # added, not special: decoding keeps them, as Qwen3
     template = Path(__file__).parents[1] / "trajectory" / "qwen3_chat_template.jinja"
     tok.chat_template = template.read_text()
-    qwen = Renderer(tok, get_tool_parser("qwen3"))
+    qwen = Renderer(
+        tok, get_family("qwen3"), chat_template=template.read_text(), reasoning_history="keep"
+    )
     harness = Harness(qwen)
     call = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
     harness.call("<think>\nI should look first.\n</think>\n\n" + call, split=True)

@@ -5,13 +5,20 @@ from __future__ import annotations
 from polar.errors import ConfigError
 from polar.registry import Registry
 from polar.rendering.parsers.base import ToolParser
+from polar.rendering.parsers.glm47 import Glm47ToolParser
 from polar.rendering.parsers.hermes import HermesToolParser
 from polar.rendering.parsers.llama3_json import Llama3JsonToolParser
 from polar.rendering.parsers.qwen3 import Qwen3ToolParser
 from polar.rendering.parsers.qwen3_coder import Qwen3CoderToolParser
 
 TOOL_PARSERS: Registry[ToolParser] = Registry("tool parser")
-for _parser in (HermesToolParser, Qwen3ToolParser, Qwen3CoderToolParser, Llama3JsonToolParser):
+for _parser in (
+    HermesToolParser,
+    Qwen3ToolParser,
+    Qwen3CoderToolParser,
+    Llama3JsonToolParser,
+    Glm47ToolParser,
+):
     TOOL_PARSERS.add(_parser.name, _parser)
 
 
