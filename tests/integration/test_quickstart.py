@@ -10,10 +10,12 @@ process left behind.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,12 +34,12 @@ import pytest
 
 from polar.capture.records import CaptureRecord
 from polar.cli import quickstart as quickstart_cli
-from polar.errors import HarnessError
+from polar.errors import ConfigError, HarnessError
 from polar.harnesses.install import default_prefix, installed_names
 from polar.quickstart import plan
 from polar.quickstart.plan import AGENT_PATH
-from polar.quickstart.tasks import load_suite
-from polar.schemas.task import AgentSpec, SessionResult, SessionStatus
+from polar.quickstart.tasks import load_suite, task_request
+from polar.schemas.task import AgentSpec, RuntimeSpec, SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trace
 
 FILES = (
@@ -169,6 +171,19 @@ def assert_run_dir(run_dir: Path, *, sessions: int, tasks: int) -> None:
     assert all(f"id='s-{r.session_id}'" in report for r in results)
 
 
+def assert_merged_conversations(summary: dict[str, Any], *, sessions: int) -> None:
+    """The default suite's first tasks are three-message conversations: each session's calls
+    merge into one trace (more than two calls per trace) and every merged call's context is
+    exactly the tokens the engine saw."""
+    total = summary["total"]
+    assert total["completed"] == sessions
+    assert total["traces"] == sessions and total["breaks"] == 0
+    assert total["merge_ratio"] > 2
+    assert total["merged_calls"] >= 2 * sessions
+    assert total["context_exact_calls"] == total["merged_calls"]
+    assert summary["facts"]["user_messages"] == 3
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed")
 def test_smallest_quickstart_with_the_bundled_agent(
@@ -185,6 +200,7 @@ def test_smallest_quickstart_with_the_bundled_agent(
     assert summary["facts"]["runtime"] == "bubblewrap"
     assert summary["facts"]["harness"] == "agent"
     assert summary["total"]["calls"] >= 4  # every session asked the model at least once
+    assert_merged_conversations(summary, sessions=4)
     assert_no_leftovers(run_dir)
     assert "left behind" not in capsys.readouterr().out  # the runtimes stopped everything
 
@@ -204,6 +220,7 @@ def test_smallest_quickstart_with_pi(tmp_path: Path, capsys: pytest.CaptureFixtu
     records = lines(run_dir / "captures.jsonl")
     assert {r["provider"] for r in records} == {"openai_chat"}
     assert all(r["upstream_request"]["messages"][0]["role"] == "system" for r in records)
+    assert_merged_conversations(json.loads((run_dir / "summary.json").read_text()), sessions=2)
     assert_no_leftovers(run_dir)
     assert "left behind" not in capsys.readouterr().out
 
@@ -286,10 +303,10 @@ def test_question_checks_judge_the_answer_not_its_surroundings() -> None:
         done = subprocess.run(["bash", "-c", tasks[task_id].check], env=env, capture_output=True)
         return done.returncode == 0
 
-    assert passes("add-numbers", "2 + 3 = 5")
-    assert not passes("add-numbers", "2 + 3 is 5 + 4, so 9")
-    assert passes("capital", "The capital of France is Paris.")
-    assert not passes("capital", "Lyon")
+    assert passes("add-numbers", "9 - 1 = 8")
+    assert not passes("add-numbers", "9 - 1 is 8 + 1, so 9")
+    assert passes("capital", "The capital of Spain is Madrid.")
+    assert not passes("capital", "Barcelona")
 
 
 class _ScriptedModel(BaseHTTPRequestHandler):
@@ -372,6 +389,46 @@ def test_bundled_agent_runs_a_fenced_bash_block_when_there_is_no_tool_call(
     assert second["body"]["messages"][-1] == {
         "role": "user", "content": "Output of your command:\nwrote\n[exit 0]",
     }  # fmt: skip
+
+
+def test_bundled_agent_sends_follow_ups_in_the_same_conversation(
+    scripted_model: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "OPENAI_BASE_URL": scripted_model, "OPENAI_API_KEY": "k"}
+    done = subprocess.run(
+        [sys.executable, str(AGENT_PATH), "--max-turns", "6", "Create hello.txt", "And now?",
+         "Last one."],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # a tool call and its answer, then one answer per follow-up, each extending the last
+    bodies = [r["body"]["messages"] for r in _ScriptedModel.requests]
+    assert len(bodies) == 4
+    assert all(later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(bodies))
+    assert [m["content"] for m in bodies[-1] if m["role"] == "user"] == [
+        "Create hello.txt", "And now?", "Last one.",
+    ]  # fmt: skip
+    assert bodies[-1][-2] == {"role": "assistant", "content": "Done."}
+
+
+def test_follow_ups_go_to_pi_or_the_bundled_agent_and_are_refused_elsewhere() -> None:
+    task = next(t for t in load_suite() if t.follow_ups)
+    runtime = RuntimeSpec(kind="local")
+
+    def request(agent: AgentSpec) -> TaskRequest:
+        return task_request(
+            task, agent=agent, runtime=runtime, num_samples=1, timeout_s=9, run_id="r"
+        )
+
+    pi = request(AgentSpec(harness="pi", settings={"tools": ["bash"]})).agent
+    assert pi.settings == {"tools": ["bash"], "follow_ups": task.follow_ups}
+    bundled = plan.agent_plan(4, "m").agent
+    command = request(bundled).agent.settings["command"]
+    assert command == bundled.settings["command"] + " " + " ".join(
+        shlex.quote(m) for m in task.follow_ups
+    )
+    with pytest.raises(ConfigError, match="follow_ups"):
+        request(AgentSpec(harness="qwen_code"))
 
 
 def test_bundled_agent_stops_at_max_turns(scripted_model: str, tmp_path: Path) -> None:

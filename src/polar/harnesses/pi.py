@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from polar.errors import HarnessError
 from polar.harnesses.base import (
     API_KEY_VAR,
     Harness,
@@ -56,6 +57,12 @@ class PiSettings(HarnessSettings):
     compat: dict[str, Any] = Field(
         default_factory=dict, description="The provider's compat flags (openai-completions)."
     )
+    follow_ups: list[str] = Field(
+        default_factory=list,
+        description="More user messages after the instruction, each sent once Pi has finished "
+        "the one before, in the same session (Pi's print mode takes several messages): a "
+        "multi-turn conversation whose calls extend one context.",
+    )
 
 
 class Pi(Harness):
@@ -80,8 +87,11 @@ class Pi(Harness):
             argv += ["--thinking", settings.thinking]
         if settings.tools is not None:
             argv += ["--tools", ",".join(settings.tools)]
-        # Pi's parser rejects "--": the instruction is the last positional argument.
-        argv += [*settings.extra_args, ctx.instruction]
+        # Pi's parser rejects "--": the instruction and its follow-ups are the last positional
+        # arguments, so a follow-up starting with "-" would be read as an option.
+        if any(m.startswith("-") for m in settings.follow_ups):
+            raise HarnessError("pi reads a follow-up starting with '-' as an option: reword it")
+        argv += [*settings.extra_args, ctx.instruction, *settings.follow_ups]
         own = {"PI_CODING_AGENT_DIR": agent_dir, "PI_OFFLINE": "1"}
         files = {f"{agent_dir}/models.json": json.dumps(pi_models(ctx, settings), indent=2)}
         return HarnessLaunch(

@@ -5,11 +5,13 @@ harness run through the ``shell`` preset: the preset points ``OPENAI_BASE_URL`` 
 ``OPENAI_API_KEY`` at the session, and the agent neither knows nor cares that a gateway sits
 there. Standard library only, so any ``python3`` in any runtime runs it.
 
-Usage: ``python3 agent.py [--max-turns N] INSTRUCTION``. Each turn asks the model and acts on
-the reply: a ``shell`` tool call runs in the working directory and its output goes back as the
-tool result; a reply without tool calls but with a fenced ``bash`` block runs that block (the
-action format of mini-SWE-agent, and what small models write far more often than tool calls)
-and its output goes back as the next user message; any other reply is the final answer. The
+Usage: ``python3 agent.py [--max-turns N] INSTRUCTION [FOLLOW_UP ...]``. Each turn asks the
+model and acts on the reply: a ``shell`` tool call runs in the working directory and its output
+goes back as the tool result; a reply without tool calls but with a fenced ``bash`` block runs
+that block (the action format of mini-SWE-agent, and what small models write far more often
+than tool calls) and its output goes back as the next user message; any other reply answers the
+current message: the next follow-up (if any) is then sent in the same conversation, and the
+answer to the last one is the final answer. ``--max-turns`` bounds the model calls in all. The
 exit status is 0 whenever the loop ran (success is the evaluator's call), 2 on bad usage, 1
 when the model API fails.
 """
@@ -101,12 +103,13 @@ def fenced_command(text: str | None) -> str | None:
     return match.group(1).strip() if match and match.group(1).strip() else None
 
 
-def agent_loop(instruction: str, max_turns: int) -> str:
+def agent_loop(instruction: str, max_turns: int, follow_ups: list[str] | None = None) -> str:
     """Ask, act, repeat; returns the final answer (or a note that the turns ran out)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": instruction},
     ]
+    pending = list(follow_ups or [])
     for turn in range(1, max_turns + 1):
         message = complete(messages)
         calls = message.get("tool_calls") or []
@@ -125,6 +128,8 @@ def agent_loop(instruction: str, max_turns: int) -> str:
             output = run_command(command)
             print(f"[turn {turn}] bash block -> {output[:200]}")
             messages.append({"role": "user", "content": f"Output of your command:\n{output}"})
+        elif pending:
+            messages.append({"role": "user", "content": pending.pop(0)})
         else:
             return str(content or "")
     return f"(stopped after {max_turns} turns)"
@@ -135,11 +140,11 @@ def main(argv: list[str]) -> int:
     max_turns = DEFAULT_MAX_TURNS
     if args[:1] == ["--max-turns"] and len(args) >= 2 and args[1].isdigit():
         max_turns, args = max(1, int(args[1])), args[2:]
-    if len(args) != 1:
-        print("usage: agent.py [--max-turns N] INSTRUCTION", file=sys.stderr)
+    if not args:
+        print("usage: agent.py [--max-turns N] INSTRUCTION [FOLLOW_UP ...]", file=sys.stderr)
         return 2
     try:
-        print(agent_loop(args[0], max_turns))
+        print(agent_loop(args[0], max_turns, args[1:]))
     except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
         print(f"model API call failed: {exc!r}", file=sys.stderr)
         return 1

@@ -58,7 +58,7 @@ class QuickstartOptions:
 
     tasks: int = 3
     samples: int = 4
-    max_turns: int = 4
+    max_turns: int = 6
     timeout_s: float = 180.0
     max_tokens: int = 128
     temperature: float = 0.7
@@ -139,6 +139,8 @@ def run_quickstart(options: QuickstartOptions, console: Console) -> QuickstartRu
         "temperature": options.temperature,
         "timeout_s": options.timeout_s,
         "max_turns": options.max_turns,
+        # what makes a session several calls: the suite's follow-up messages, per session
+        "user_messages": sum(1 + len(t.follow_ups) for t in suite) / len(suite),
         "run_dir": str(run_dir),
         "interrupted": interrupted,
     }

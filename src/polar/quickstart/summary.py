@@ -170,6 +170,9 @@ def _caption(summary: RunSummary) -> str:
         f"{facts.get('engine', '?')} {facts.get('model') or ''}".strip(),
         f"{summary.total.trainable_tokens} trainable tokens",
     ]
+    messages = facts.get("user_messages")
+    if messages and messages > 1:  # say what made sessions several calls long
+        parts.append(f"{messages:g} user messages per session (the suite's follow-ups)")
     if facts.get("interrupted"):
         parts.append("interrupted (Ctrl-C)")
     return " · ".join(parts)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from polar.errors import ConfigError
+from polar.errors import ConfigError, HarnessError
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.registry import create_harness
 
@@ -298,6 +298,13 @@ def test_pi_launch_per_api(api: str, base_url: str) -> None:
             }
         }
     }
+
+
+def test_pi_sends_follow_ups_as_more_messages_of_the_session() -> None:
+    launch = create_harness("pi").prepare(ctx({"follow_ups": ["And then?", "Last one."]}))
+    assert launch.argv[-3:] == [TASK, "And then?", "Last one."]
+    with pytest.raises(HarnessError, match="option"):
+        create_harness("pi").prepare(ctx({"follow_ups": ["--help"]}))
 
 
 def test_shell_substitutes_placeholders_and_quotes_the_instruction() -> None:

@@ -9,6 +9,7 @@ file format works for a user's own suite (``polar quickstart --suite my.yaml``).
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from polar.quickstart.tasks.checker import IMPORT_PATH as CHECKER
 from polar.schemas.task import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 
 BUNDLED_SUITE = Path(__file__).with_name("suite.yaml")
+BUNDLED_AGENT_ARGS = "{instruction}"
+"""How the bundled agent's command line ends: follow-ups go after the instruction."""
 CHECK_TIMEOUT_S = 30.0
 
 
@@ -30,6 +33,13 @@ class SuiteTask(BaseModel):
 
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     instruction: str = Field(min_length=1)
+    follow_ups: list[str] = Field(
+        default_factory=list,
+        description="More user messages, each sent once the agent has answered the one before, "
+        "in the same session (Pi and the bundled agent): a conversation whose model calls "
+        "extend one context, so prefix merging joins them into one trace. The check sees the "
+        "last reply.",
+    )
     files: dict[str, str] = Field(default_factory=dict)
     check: str = Field(
         min_length=1,
@@ -70,6 +80,7 @@ def task_request(
 ) -> TaskRequest:
     """The TaskRequest for one suite task: prefix-merged trajectories, graded by its check."""
     runtime = runtime.model_copy(update={"files": {**runtime.files, **task.files}})
+    agent = with_follow_ups(agent, task)
     metadata: dict[str, Any] = {"group_id": f"{run_id}/{task.id}", "suite_task": task.id}
     return TaskRequest(
         task_id=task.id,
@@ -84,4 +95,24 @@ def task_request(
             config={"command": task.check, "timeout_s": CHECK_TIMEOUT_S},
         ),
         metadata=metadata,
+    )
+
+
+def with_follow_ups(agent: AgentSpec, task: SuiteTask) -> AgentSpec:
+    """``agent`` set to send ``task``'s follow-up messages: Pi takes them as more positional
+    messages, the bundled agent as more arguments; any other harness takes one instruction,
+    so a task with follow-ups is refused for it by name rather than cut short."""
+    if not task.follow_ups:
+        return agent
+    if agent.harness == "pi":
+        settings = {**agent.settings, "follow_ups": list(task.follow_ups)}
+        return agent.model_copy(update={"settings": settings})
+    command = str(agent.settings.get("command", ""))
+    if agent.harness == "shell" and command.endswith(BUNDLED_AGENT_ARGS):
+        quoted = " ".join(shlex.quote(m) for m in task.follow_ups)
+        settings = {**agent.settings, "command": f"{command} {quoted}"}
+        return agent.model_copy(update={"settings": settings})
+    raise ConfigError(
+        f"task {task.id!r} has follow_ups, which only pi and the bundled agent can send "
+        f"(harness {agent.harness or agent.import_path!r} takes one instruction)"
     )
