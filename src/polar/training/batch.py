@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from polar.training.advantages import ScoredTrace
 
@@ -68,21 +69,51 @@ def make_batch(items: Sequence[ScoredTrace], weights: Sequence[float], pad_id: i
     )
 
 
-def response_logprobs(module: Any, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """``[B, T]`` logprob of each response token under ``module`` (0 past a row's response),
-    from logits divided by ``temperature``: the distribution the engine sampled from.
+LOGIT_CHUNK = 256
+"""Trainable positions per pass through the LM head: ``[LOGIT_CHUNK, vocab]`` logits at a time
+(12.6 MB at SmolLM2's 49k vocabulary) instead of ``[B, L, vocab]`` for the whole batch."""
 
-    Logits at position ``p`` predict token ``p + 1``, so a response starting at ``P`` reads the
-    logits at ``P - 1 .. P + R - 2``; only those positions go through the log-softmax.
+
+def response_logprobs(
+    module: Any, batch: Batch, temperature: float = 1.0, chunk: int = LOGIT_CHUNK
+) -> torch.Tensor:
+    """``[B, T]`` logprob of each trainable response token under ``module`` (0 elsewhere: past a
+    row's response and at loss-mask-0 positions, which no loss reads), from logits divided by
+    ``temperature``: the distribution the engine sampled from.
+
+    The hidden state at position ``p`` predicts token ``p + 1``, so a response starting at
+    ``P`` reads positions ``P - 1 .. P + R - 2``. Only trainable positions go through the LM
+    head, ``chunk`` at a time, and with gradients each chunk's logits are recomputed in the
+    backward pass instead of kept (activation checkpointing): the full-vocabulary logits of a
+    batch, most of an update's memory, never exist at once. Assumes a plain linear LM head
+    (the Llama family; SFT makes the same assumption).
     """
-    out = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits
-    span = batch.loss_mask.shape[1]
-    result = torch.zeros((len(batch.prompt_lengths), span), dtype=torch.float32)
-    rows = []
-    for i, (p, r) in enumerate(zip(batch.prompt_lengths, batch.response_lengths, strict=True)):
-        step = logits[i, p - 1 : p + r - 1].float() / temperature
-        targets = batch.input_ids[i, p : p + r]
-        chosen = step.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(step, dim=-1)
-        rows.append(torch.cat([chosen, result.new_zeros(span - r)]))
-    return torch.stack(rows) if rows else result
+    hidden = module.base_model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    )[0]
+    head = module.get_output_embeddings()
+    n, span = batch.loss_mask.shape
+    keep = batch.loss_mask.bool()
+    rows, cols = keep.nonzero(as_tuple=True)
+    starts = torch.tensor(batch.prompt_lengths, dtype=torch.long)[rows] if len(rows) else rows
+    states = hidden[rows, starts + cols - 1]
+    targets = batch.input_ids[rows, starts + cols]
+    parts = []
+    for s in range(0, len(rows), chunk):
+        args = (head, states[s : s + chunk], targets[s : s + chunk], temperature)
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chosen_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_chosen_logprobs(*args))
+    result = torch.zeros((n, span), dtype=torch.float32)
+    if not parts:
+        return result
+    return result.index_put((rows, cols), torch.cat(parts))
+
+
+def _chosen_logprobs(
+    head: Any, states: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logits = head(states).float() / temperature
+    chosen = logits.gather(-1, targets[:, None]).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
