@@ -52,7 +52,7 @@ def task(evaluator: str, task_id: str, command: str, tmp: Path) -> dict[str, Any
     if evaluator == "swe_tests":
         instance = next(i for i in bundled_instances() if "textkit" in i.instance_id)
         options = SWETaskOptions(
-            runtime=runtime_kind(),  # type: ignore[arg-type]
+            runtime=runtime_kind(),
             repos={repo: str(path) for repo, path in bundle_repos(tmp / "bundles").items()},
             harness="shell",
             settings={"command": command},
