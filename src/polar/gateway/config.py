@@ -112,6 +112,13 @@ class RenderConfig(BaseModel):
     turns_kept: int = Field(
         16, ge=1, description="Sampled turns remembered per session for splicing."
     )
+    default_max_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Output budget sent with a token prompt when neither the request, "
+        "sampling.max_tokens nor a context window sets one (vLLM's /v1/completions stops at "
+        "16 tokens without one); flagged max_tokens_defaulted on the record.",
+    )
 
 
 class GatewayConfig(BaseModel):

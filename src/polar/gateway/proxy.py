@@ -141,7 +141,8 @@ class Proxy:
             await self.replies.resume(provider, session, normalized)
             tag_side_call(session, normalized, ctx)
             if operation == COUNT_TOKENS:
-                return json_response(provider.render_token_count(await self._count(normalized)))
+                count = await self._count(session, normalized)
+                return json_response(provider.render_token_count(count))
             return await self._generate(provider, session, normalized, body, request.receive)
         except GatewayError as err:
             self._log_error(self._caller(key, ctx), provider, err)
@@ -330,12 +331,13 @@ class Proxy:
                     self._facts = facts
         return self._facts
 
-    async def _count(self, normalized: NormalizedRequest) -> int:
-        """Token counting (count_tokens, input_tokens, countTokens) for the SERVED model."""
+    async def _count(self, session: GatewaySession, normalized: NormalizedRequest) -> int:
+        """Token counting (count_tokens, input_tokens, countTokens) for the SERVED model: with
+        gateway rendering, the length of the very prompt the same request would send."""
         facts = await self.facts()
         apply_policy(normalized, self.config, facts.served_model)
-        if facts.renderer is not None:
-            return await asyncio.to_thread(facts.renderer.count, normalized)
+        if self.prompts is not None:
+            return await self.prompts.count(session.session_id, normalized)
         return await self.engine.count_tokens(normalized)
 
     async def _complete(self, engine_call: Awaitable[T], receive: Receive) -> T:

@@ -28,6 +28,11 @@ from polar.errors import (
 )
 from polar.extras import MissingExtra, require
 from polar.gateway.config import GatewayConfig, RenderConfig
+from polar.gateway.request_features import (
+    default_output_budget,
+    enforce_tool_choice,
+    refuse_images,
+)
 from polar.gateway.sessions import SessionTable
 from polar.providers.types import Completion, NormalizedRequest, TokenLogprob
 from polar.rendering.families.base import Family
@@ -218,10 +223,19 @@ def _tokenizer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> 
 class TokenPrompts:
     """The token-in path: plan a prompt, check it fits, generate, parse, remember the turn."""
 
-    def __init__(self, renderer: Renderer, turns_kept: int, sessions: SessionTable) -> None:
+    def __init__(
+        self,
+        renderer: Renderer,
+        render: RenderConfig,
+        sessions: SessionTable,
+        regex_constraint: str | None = None,
+    ) -> None:
         self.renderer = renderer
-        self.turns_kept = turns_kept
+        self.turns_kept = render.turns_kept
+        self.default_max_tokens = render.default_max_tokens
         self.sessions = sessions
+        # Where the engine takes a regex for its output (tool_choice); None: it has none.
+        self.regex_constraint = regex_constraint
         self._books: dict[str, TurnBook] = {}
 
     def book(self, session_id: str) -> TurnBook:
@@ -236,9 +250,15 @@ class TokenPrompts:
     async def plan(
         self, session_id: str, request: NormalizedRequest, window: int | None, flags: list[str]
     ) -> PromptPlan:
+        refuse_images(request)
+        enforce_tool_choice(
+            request, self._call_pattern, self.renderer.parser.name, self.regex_constraint, flags
+        )
         plan = await asyncio.to_thread(self.renderer.plan, self.book(session_id), request)
         if window is not None:
             fit_output_budget(request, len(plan.ids), window, flags)
+        else:
+            default_output_budget(request, self.default_max_tokens, flags)
         flags.append(FLAG_RENDERED_BY_GATEWAY)
         if plan.spliced_from is not None:
             flags.append(FLAG_SPLICED)
@@ -247,6 +267,20 @@ class TokenPrompts:
         else:
             flags.append(f"{FLAG_RENDERED_WHOLE}:{plan.fresh_reason}")
         return plan
+
+    def _call_pattern(self, functions: list[dict[str, Any]], parallel: bool) -> str | None:
+        """The family's call pattern, or the configured parser's where it overrides the
+        family's (the pattern must be in the format the parser reads back)."""
+        family, parser = self.renderer.family, self.renderer.parser
+        if parser.name != family.parser().name:
+            return parser.call_pattern(functions, parallel)
+        return family.call_pattern(functions, parallel)
+
+    async def count(self, session_id: str, request: NormalizedRequest) -> int:
+        """The length of the prompt ``request`` would send (spliced where it would be)."""
+        refuse_images(request)
+        plan = await asyncio.to_thread(self.renderer.plan, self.book(session_id), request)
+        return len(plan.ids)
 
     def result(
         self, plan: PromptPlan, tokens: SampledTokens, request: NormalizedRequest, engine: str
@@ -305,14 +339,22 @@ class TokenPrompts:
         if FLAG_PARALLEL_CALLS_CUT in result.tokens.flags:
             return  # its sampled ids hold calls the reply left out: later prompts render it
         calls = [call.id for call in result.completion.tool_calls]
+        book = self.book(session_id)
         self.renderer.remember(
-            self.book(session_id),
+            book,
             plan,
             completion_id,
             result.tokens.prompt_ids,  # the engine's echo, the truth (plan.ids unless flagged)
             result.tokens.sampled_ids,
             result.completion.content,
             calls,
+        )
+        book.add_calls(
+            completion_id,
+            [
+                {"function": {"name": call.name, "arguments": call.arguments}}
+                for call in result.completion.tool_calls
+            ],
         )
 
 

@@ -9,6 +9,7 @@ that call's prompt + its sampled ids + the rendering of what came after: an exac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from array import array
 from collections import OrderedDict
@@ -62,6 +63,21 @@ def content_key(content: Any) -> str:
     return str(content or "").strip()
 
 
+def calls_signature(tool_calls: list[Any]) -> str:
+    """Chat-completions tool calls by name and arguments (JSON key order aside), in order."""
+    signature = []
+    for call in tool_calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return ""
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                arguments = orjson.loads(arguments or "{}")
+        signature.append([function.get("name"), arguments])
+    return orjson.dumps(signature, option=orjson.OPT_SORT_KEYS).decode()
+
+
 class TurnBook:
     """The recent sampled turns of one session, found by the ids and text the harness echoes."""
 
@@ -70,6 +86,7 @@ class TurnBook:
         self._turns: OrderedDict[str, SampledTurn] = OrderedDict()
         self._by_call_id: dict[str, str] = {}
         self._by_content: dict[str, str] = {}
+        self._by_signature: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -95,14 +112,26 @@ class TurnBook:
                 self._turns.move_to_end(cid)
                 return self._turns[cid]
         if message.get("tool_calls"):
-            return None
+            # Calls echoed without the ids the gateway gave them (Gemini callers answering by
+            # name): the turn is recognised by its calls' names and arguments, in order.
+            cid = self._by_signature.get(calls_signature(message["tool_calls"]))
+            if cid is None or cid not in self._turns:
+                return None
+            self._turns.move_to_end(cid)
+            return self._turns[cid]
         cid = self._by_content.get(content_key(message.get("content")))
         if cid is not None and cid in self._turns:
             self._turns.move_to_end(cid)
             return self._turns[cid]
         return None
 
+    def add_calls(self, completion_id: str, tool_calls: list[dict[str, Any]]) -> None:
+        """Let a known turn also be found by its calls' names and arguments."""
+        if completion_id in self._turns and tool_calls:
+            self._by_signature[calls_signature(tool_calls)] = completion_id
+
     def _forget(self, completion_id: str) -> None:
         self._turns.pop(completion_id, None)
         self._by_call_id = {k: v for k, v in self._by_call_id.items() if v != completion_id}
         self._by_content = {k: v for k, v in self._by_content.items() if v != completion_id}
+        self._by_signature = {k: v for k, v in self._by_signature.items() if v != completion_id}
