@@ -11,8 +11,13 @@ from typing import Any
 from polar.errors import ConfigError
 from polar.registry import Registry
 from polar.rendering.families.base import Family, TokenizerFamily
+from polar.rendering.families.deepseek_v32 import DeepSeekV32Family, DeepSeekV32ThinkingFamily
 from polar.rendering.families.glm47 import Glm47Family
+from polar.rendering.families.gpt_oss import GptOssFamily
+from polar.rendering.families.kimi_k2 import KimiK2Family
 from polar.rendering.families.llama3 import Llama3Family
+from polar.rendering.families.minimax_m2 import MiniMaxM2Family
+from polar.rendering.families.nemotron3 import Nemotron3Family
 from polar.rendering.families.qwen2_5 import Qwen25Family
 from polar.rendering.families.qwen3 import Qwen3Family
 from polar.rendering.families.qwen3_5 import Qwen35Family
@@ -26,6 +31,11 @@ DETECTION_ORDER: list[str] = []
 for _family in (
     Glm47Family,
     Llama3Family,
+    KimiK2Family,
+    MiniMaxM2Family,
+    DeepSeekV32Family,
+    GptOssFamily,
+    Nemotron3Family,  # before Qwen3.5: the same markup, plus its own template switches
     Qwen35Family,
     Qwen3CoderFamily,
     Qwen3NextFamily,
@@ -36,6 +46,7 @@ for _family in (
     FAMILIES.add(_family.name, _family)
     DETECTION_ORDER.append(_family.name)
 FAMILIES.add(TokenizerFamily.name, TokenizerFamily)  # by name only: it fingerprints nothing
+FAMILIES.add(DeepSeekV32ThinkingFamily.name, DeepSeekV32ThinkingFamily)  # by name only
 
 
 def get_family(name: str) -> Family:

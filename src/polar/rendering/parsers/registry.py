@@ -5,9 +5,13 @@ from __future__ import annotations
 from polar.errors import ConfigError
 from polar.registry import Registry
 from polar.rendering.parsers.base import ToolParser
+from polar.rendering.parsers.deepseek_v32 import DeepSeekV32ToolParser
 from polar.rendering.parsers.glm47 import Glm47ToolParser
+from polar.rendering.parsers.harmony import HarmonyToolParser
 from polar.rendering.parsers.hermes import HermesToolParser
+from polar.rendering.parsers.kimi_k2 import KimiK2ToolParser
 from polar.rendering.parsers.llama3_json import Llama3JsonToolParser
+from polar.rendering.parsers.minimax_m2 import MiniMaxM2ToolParser
 from polar.rendering.parsers.qwen3 import Qwen3ToolParser
 from polar.rendering.parsers.qwen3_coder import Qwen3CoderToolParser
 
@@ -18,6 +22,10 @@ for _parser in (
     Qwen3CoderToolParser,
     Llama3JsonToolParser,
     Glm47ToolParser,
+    KimiK2ToolParser,
+    MiniMaxM2ToolParser,
+    DeepSeekV32ToolParser,
+    HarmonyToolParser,
 ):
     TOOL_PARSERS.add(_parser.name, _parser)
 
