@@ -190,8 +190,12 @@ async def test_streaming_request_errors_keep_the_provider_shape(gateway):
     reply = await client.post(f"/s/{key}/v1/messages", json=bad_body)
     assert reply.status_code == 400
     assert reply.json()["type"] == "error"
-    # ... after it opened (the engine fails), the provider's in-stream error event.
+    # ... as is an engine refusal within the headers' grace (0.5 s) ...
     engine.backend.script.push(ScriptedReply(error_status=400, error_message="bad"))
+    reply = await client.post(f"/s/{key}/v1/messages", json=ANTHROPIC | {"stream": True})
+    assert reply.status_code == 400 and reply.json()["error"]["message"].endswith("bad")
+    # ... after it opened (the engine fails later), the provider's in-stream error event.
+    engine.backend.script.push(ScriptedReply(error_status=400, error_message="bad", delay_s=0.7))
     reply = await client.post(f"/s/{key}/v1/messages", json=ANTHROPIC | {"stream": True})
     assert reply.status_code == 200
     event, data = reply.text.strip().split("\n\n")[-1].split("\n")

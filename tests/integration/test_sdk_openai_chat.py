@@ -131,8 +131,8 @@ def test_unknown_key_is_401_in_openai_shape(live_gateway):
 def test_engine_error_passes_through_as_openai_error(live_gateway):
     _, client = _client(live_gateway)
     live_gateway.script(ScriptedReply(error_status=400, error_message="context length exceeded"))
-    # A streamed call's headers left before the engine failed: the error is in-stream.
-    with pytest.raises(openai.APIError) as info:
+    # The engine refused at once: a streamed call keeps the status (headers wait a grace).
+    with pytest.raises(openai.BadRequestError) as info:
         list(
             client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=True

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 DELAY_S = 1.0
 KEEPALIVE_S = 0.1
+GRACE_S = 0.2  # the headers' wait for a fast engine error (the engine fails after DELAY_S)
 KEEP_ALIVE = {
     "openai_chat": b": keep-alive\n\n",
     "openai_responses": b": keep-alive\n\n",
@@ -36,10 +37,11 @@ APIS = list(KEEP_ALIVE)
 @pytest.fixture
 def gateway(live_gateway: Any) -> Iterator[Any]:
     config = app_services(live_gateway.app).config
-    before = config.stream_keepalive_s
+    before = config.stream_keepalive_s, config.stream_status_grace_s
     config.stream_keepalive_s = KEEPALIVE_S
+    config.stream_status_grace_s = GRACE_S
     yield live_gateway
-    config.stream_keepalive_s = before
+    config.stream_keepalive_s, config.stream_status_grace_s = before
 
 
 def _raw_request(api: str, session: Any) -> tuple[str, dict[str, Any]]:
@@ -102,11 +104,12 @@ def test_headers_and_keepalives_before_the_engine_finishes(gateway: Any, api: st
     assert b"Slow answer" in rest.replace(b'"', b"")
 
 
-def _sdk_stream(api: str, session: Any) -> tuple[str, int]:
-    """(text, output tokens) of one streamed call through ``api``'s official SDK."""
+def _sdk_stream(api: str, session: Any, retries: int = 0) -> tuple[str, int]:
+    """(text, output tokens) of one streamed call through ``api``'s official SDK, which retries
+    as it would against the provider ``retries`` times (0: never)."""
     if api == "openai_chat":
         client = openai.OpenAI(
-            base_url=session.base_urls["openai"], api_key=session.key, max_retries=0
+            base_url=session.base_urls["openai"], api_key=session.key, max_retries=retries
         )
         chunks = list(
             client.chat.completions.create(
@@ -120,14 +123,14 @@ def _sdk_stream(api: str, session: Any) -> tuple[str, int]:
         return text, chunks[-1].usage.completion_tokens
     if api == "openai_responses":
         client = openai.OpenAI(
-            base_url=session.base_urls["openai"], api_key=session.key, max_retries=0
+            base_url=session.base_urls["openai"], api_key=session.key, max_retries=retries
         )
         with client.responses.stream(model="m", input="hi") as stream:
             final = stream.get_final_response()
         return final.output_text, final.usage.output_tokens
     if api == "anthropic":
         aclient = anthropic.Anthropic(
-            base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=0
+            base_url=session.base_urls["anthropic"], api_key=session.key, max_retries=retries
         )
         with aclient.messages.stream(
             model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
@@ -136,8 +139,11 @@ def _sdk_stream(api: str, session: Any) -> tuple[str, int]:
         return "".join(b.text for b in message.content if b.type == "text"), (
             message.usage.output_tokens
         )
+    # google-genai retries only when asked to (its default client does not).
+    retry = types.HttpRetryOptions(attempts=retries + 1, initial_delay=0.1) if retries else None
     gclient = genai.Client(
-        api_key=session.key, http_options=types.HttpOptions(base_url=session.base_urls["google"])
+        api_key=session.key,
+        http_options=types.HttpOptions(base_url=session.base_urls["google"], retry_options=retry),
     )
     chunks = list(gclient.models.generate_content_stream(model="m", contents="hi"))
     text = "".join(p.text or "" for c in chunks for p in c.candidates[0].content.parts or [])
@@ -189,6 +195,27 @@ def test_engine_failure_after_headers_raises_the_sdk_error(gateway: Any, api: st
         _sdk_stream(api, session)
     assert "engine fell over" in str(caught.value)
     assert gateway.records(session.key) == []
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_engine_429_on_a_stream_keeps_its_status_and_the_sdk_retries(
+    gateway: Any, api: str
+) -> None:
+    """An engine that refuses fast (a full queue: 429) is answered before the stream opens,
+    with the engine's status, so the SDK's own retry and backoff run as against the provider."""
+    session = gateway.new_session()
+    busy = ScriptedReply(error_status=429, error_message="engine queue is full")
+    gateway.script(busy, busy, ScriptedReply(content="Third time lucky."))
+    text, _ = _sdk_stream(api, session, retries=2)
+    assert text == "Third time lucky."
+    assert len(gateway.engine.backend.requests) == 3  # the engine saw every try
+    assert len(gateway.records(session.key)) == 1  # the one that was answered
+    gateway.script(busy)
+    url, body = _raw_request(api, session)
+    headers = {"authorization": f"Bearer {session.key}", "x-api-key": session.key}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as reply:
+        assert reply.status_code == 429
+        assert "engine queue is full" in reply.read().decode()
 
 
 def test_validation_errors_keep_their_http_status(gateway: Any) -> None:

@@ -162,10 +162,17 @@ class GatewayConfig(BaseModel):
         default_factory=ServerLimits,
         description="Connections, header/body read time, keep-alive (see docs/configuration.md).",
     )
+    stream_status_grace_s: float = Field(
+        0.5,
+        ge=0,
+        description="How long a streamed call's headers wait for the engine: an error in that "
+        "time (an engine's 429 or 400 comes back in milliseconds) is answered with its HTTP "
+        "status, so SDKs retry as against the provider; later ones are in-stream errors.",
+    )
     stream_keepalive_s: float = Field(
         10.0,
         gt=0,
-        description="A streamed call's headers leave at once; while the engine works, the "
+        description="After the status grace the headers leave; while the engine works, the "
         "provider's keep-alive (Anthropic ping events, an SSE comment for OpenAI, an empty "
         "chunk for Gemini) follows every this many seconds.",
     )

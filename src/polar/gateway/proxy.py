@@ -47,7 +47,7 @@ from polar.gateway.sessions import (
     split_session_prefix,
 )
 from polar.gateway.stored_replies import StoredReplies
-from polar.gateway.streaming import live_stream
+from polar.gateway.streaming import early_refusal, live_stream
 from polar.harnesses.registry import harnesses, side_call_tag
 from polar.logs import log_event
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
@@ -237,18 +237,22 @@ class Proxy:
         except BaseException as exc:
             call.end(exc)
             raise
-        # Everything before this line answers with a plain HTTP error; a stream opens here, so
-        # what follows (a pause, the engine call, the capture write) fails in-stream.
-        completion = call.watch(
-            self._produce(
-                provider, session, normalized, body, _Prepared(started, flags, plan), receive
-            ),
-            in_stream=normalized.stream,
+        produce = self._produce(
+            provider, session, normalized, body, _Prepared(started, flags, plan), receive
         )
-        if normalized.stream:
-            completion = self._log_stream_error(completion, session, provider)
-            return live_stream(provider, normalized, completion, self.config.stream_keepalive_s)
-        return json_response(provider.render_response(await completion, normalized))
+        if not normalized.stream:
+            completion = await call.watch(produce, in_stream=False)
+            return json_response(provider.render_response(completion, normalized))
+        # Everything before this line answers with a plain HTTP error. A stream's headers wait
+        # out a short grace: what fails in it (an engine's 429 or 400) keeps its status too;
+        # after it the stream opens, and a pause, the engine or the capture write fails in-stream.
+        work = asyncio.ensure_future(produce)
+        refused = await early_refusal(work, self.config.stream_status_grace_s)
+        if refused is not None:
+            call.end(refused)
+            raise refused
+        streamed = self._log_stream_error(call.watch(work, in_stream=True), session, provider)
+        return live_stream(provider, normalized, streamed, self.config.stream_keepalive_s)
 
     async def _log_stream_error(
         self, completion: Awaitable[Completion], session: GatewaySession, provider: Provider

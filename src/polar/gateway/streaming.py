@@ -1,10 +1,13 @@
-"""A streamed reply that is alive from the first moment.
+"""A streamed reply that is alive from its first moments.
 
-The headers leave at once; while the engine works, the provider's keep-alive frames follow every
-``keepalive_s`` seconds (idle timeouts such as Codex's 300 s see a live stream); the content
-frames follow only once the completion exists and its record is durable, so the capture is
-complete before a harness sees any content. A failure after the headers goes out as the
-provider's in-stream error event, which each SDK raises as its own exception.
+The headers wait a short grace (:func:`early_refusal`): an engine that refuses (a full queue's
+429, a 400) answers in milliseconds, and that refusal keeps its HTTP status, so an SDK retries
+and backs off as it would against the provider (it retries on the status, never on an error
+inside a 200 stream). Then the headers leave; while the engine works, the provider's keep-alive
+frames follow every ``keepalive_s`` seconds (idle timeouts such as Codex's 300 s see a live
+stream); the content frames follow only once the completion exists and its record is durable,
+so the capture is complete before a harness sees any content. A failure after the headers goes
+out as the provider's in-stream error event, which each SDK raises as its own exception.
 """
 
 from __future__ import annotations
@@ -22,6 +25,22 @@ from polar.providers.types import Completion, NormalizedRequest
 log = logging.getLogger("polar.gateway")
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+async def early_refusal(work: asyncio.Future[Completion], grace_s: float) -> GatewayError | None:
+    """Waits up to ``grace_s`` for ``work``: the error it failed with in that time, which the
+    caller then gets with its own HTTP status (None: still working, done, or the caller left)."""
+    try:
+        await asyncio.wait({work}, timeout=grace_s)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    if not work.done() or work.cancelled():
+        return None
+    error = work.exception()
+    if isinstance(error, GatewayError) and not isinstance(error, ClientDisconnected):
+        return error
+    return None
 
 
 def live_stream(

@@ -62,7 +62,8 @@ def test_the_counters_are_what_the_calls_did(gateway: Gateway) -> None:
         ScriptedReply(content="two"),
         ScriptedReply(content="three, streamed"),
         failing,
-        failing,
+        # Past the stream's status grace (0.5 s): answered in-stream, after a 200.
+        ScriptedReply(error_status=500, error_message="engine fell over", delay_s=0.7),
     )
     for _ in range(2):
         assert httpx.post(chat, json=CHAT, timeout=30).status_code == 200
