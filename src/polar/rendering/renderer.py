@@ -230,8 +230,9 @@ class Renderer:
         ids already hold (their turn-end token), or None if it cannot be told apart.
 
         The turn is rendered as a placeholder that keeps its tool calls (and ids), since
-        templates check them to render the tool results after it; the rendered calls and the
-        template's own turn end are then cut at the first turn-closing text after it.
+        templates check them to render the tool results after it. The rendered calls and the
+        template's own close are cut: up to what history writes for the sampled turn end, or,
+        for a turn cut by length or a stop string, up to the first close of any kind.
         """
         marked = {
             k: v for k, v in messages[index].items() if k not in ("reasoning", "reasoning_content")
@@ -245,12 +246,13 @@ class Renderer:
         start = self._turn_start(text, messages[:index], tools)
         if start is None:
             return None
-        close_at, close = self._first_close(text, start)
-        if close is None:
-            return None
         if turn.turn_end is None:
-            return text[close_at:]  # a length or stop-string end: the template closes the turn
-        if close != self.family.history_end(turn.turn_end):
+            close_at, close = self._first_close(text, start)
+            # A length or stop-string end: the template's own close is the tail's start.
+            return None if close is None else text[close_at:]
+        close = self.family.history_end(turn.turn_end)
+        close_at = text.find(close, start)
+        if close_at < 0 or self._other_close(text, start, close_at, close):
             return None
         return text[close_at + len(close) :]
 
@@ -276,15 +278,23 @@ class Renderer:
             return None
         return len(prefix) if text.startswith(prefix) else None
 
+    def _closes(self) -> set[str]:
+        return {self.family.history_end(t) for t in self.turn_ends.values()} - {""}
+
     def _first_close(self, text: str, start: int) -> tuple[int, str | None]:
         """The earliest text history writes to close a turn, at or after ``start``."""
         best: tuple[int, str | None] = (len(text), None)
-        for token in self.turn_ends.values():
-            close = self.family.history_end(token)
-            at = text.find(close, start) if close else -1
+        for close in self._closes():
+            at = text.find(close, start)
             if 0 <= at < best[0]:
                 best = (at, close)
         return best
+
+    def _other_close(self, text: str, start: int, end: int, close: str) -> bool:
+        """Whether another turn's close comes first: the turn ended with a token that does not
+        fit what follows it (GLM's <|user|> before a tool result), so the tail is unknown."""
+        others = self._closes() - {close} - set(self.family.inner_closes)
+        return any(text.find(other, start, end) >= 0 for other in others)
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, str | None]:

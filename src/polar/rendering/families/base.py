@@ -43,6 +43,9 @@ class Family:
     # A sampled turn end -> the text the template writes in its place when the turn is history
     # (gpt-oss samples <|return|>, history closes with <|end|>); absent: the same token.
     history_ends: ClassVar[dict[str, str]] = {}
+    # Closing texts that may also appear inside one rendered turn (gpt-oss closes each channel
+    # of a call turn with <|end|>): finding one before the turn's own close is no error.
+    inner_closes: ClassVar[tuple[str, ...]] = ()
     # Special tokens the parser must see in the decoded text; every other special token is
     # decoded to "" (eos, padding, the turn end).
     parse_specials: ClassVar[tuple[str, ...]] = ()
