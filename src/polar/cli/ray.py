@@ -124,7 +124,9 @@ def _up(args: argparse.Namespace) -> int:
         _start(args, config, polar_ray.up(config))
         return 0
     with until_signalled(lambda: polar_ray.down(config.ray.namespace)):
-        _start(args, config, polar_ray.up(config))
+        # Held until the end: Ray kills a non-detached actor once its last handle is gone.
+        polar = polar_ray.up(config)
+        _start(args, config, polar)
         while True:
             signal.pause()
     return 0
