@@ -1,7 +1,9 @@
 """Who may call the rollout server, decided from the request's headers alone.
 
 - The admin token (trainers, the CLI, operators): every route, and enrolling a node.
-- The enrolment secret: ``POST /nodes/register`` only.
+- The enrolment secret: ``POST /nodes/register`` only, and only for an id with no credential on
+  record: a known id (after a server restart, after its node was declared dead) registers again
+  only with its own credential or the admin token, until an operator retires it.
 - A node's credential, issued when it enrols: that node's register, heartbeat and drain, and
   ``POST /results`` for the sessions dispatched to it (the routes check which node it is).
 - The viewer token, derived from the admin token (an HMAC of it, so it survives a restart and
@@ -89,6 +91,17 @@ class Access:
     def may_view(self, token: str | None) -> bool:
         """Whether ``token`` is the admin or the viewer token."""
         return same_secret(token, self.admin_token) or same_secret(token, self.viewer_token)
+
+    def has_credential(self, node_id: str) -> bool:
+        """Whether ``node_id`` was issued a credential that is still on record."""
+        return node_id in self._nodes_by_digest.values()
+
+    def retire(self, node_id: str) -> bool:
+        """Revoke ``node_id``'s credential, so the id may enrol anew; False if it had none.
+        Blocking (SQLite)."""
+        found = self.store.delete_node_credential(node_id)
+        self._nodes_by_digest = {d: n for d, n in self._nodes_by_digest.items() if n != node_id}
+        return found
 
     def issue(self, node_id: str) -> str:
         """A new credential for ``node_id`` (the old one stops working). Blocking (SQLite)."""

@@ -159,9 +159,11 @@ async def events(
 
 @router.post("/nodes/register", tags=["nodes"], responses={403: {}})
 async def register_node(request: Request, report: NodeReport) -> Registered:
-    """Enrol a node (with the enrolment secret or admin token: the answer carries its own
-    credential), or register it again after a restart (with that credential). A live node's
-    id can be registered again only with its credential."""
+    """Enrol a new node id (with the enrolment secret or admin token: the answer carries its
+    own credential), or register an id again (after a restart of either side, or after it was
+    declared dead) with that credential. A live node's id needs its credential; an id with a
+    credential on record needs it or the admin token: the enrolment secret enrols new ids only
+    (an operator retires an id with ``DELETE /nodes/{id}``)."""
     service = _service(request)
     caller = _caller(request)
     node_id = report.status.node_id
@@ -169,12 +171,34 @@ async def register_node(request: Request, report: NodeReport) -> Registered:
         if caller.node_id != node_id:
             raise _forbidden(f"this credential is node {caller.node_id!r}'s, not {node_id!r}'s")
         credential = caller.credential
-    elif caller == OPEN or not service.nodes.live(node_id):
-        credential = await asyncio.to_thread(service.access.issue, node_id)
-    else:
+    elif caller != OPEN and service.nodes.live(node_id):
         log.warning("refused to register live node %r again without its credential", node_id)
         raise _forbidden(f"node {node_id!r} is live: registering it again needs its credential")
+    elif caller not in (OPEN, ADMIN) and service.access.has_credential(node_id):
+        log.warning("refused to register node %r with the enrolment secret: it is known", node_id)
+        raise _forbidden(
+            f"node {node_id!r} has a credential on record: registering it again needs that "
+            f"credential or the admin token (an operator retires the id: DELETE /nodes/{node_id})"
+        )
+    else:
+        credential = await asyncio.to_thread(service.access.issue, node_id)
     return await service.register(report, credential)
+
+
+@router.delete("/nodes/{node_id}", tags=["nodes"], status_code=204, responses={404: {}, 409: {}})
+async def retire_node(request: Request, node_id: NodeId) -> Response:
+    """Retire a node id (admin only): its credential is revoked, so the id may enrol anew with
+    the enrolment secret. A live node is refused (409): declare it lost or let it die first."""
+    service = _service(request)
+    if service.nodes.live(node_id):
+        raise HTTPException(
+            status_code=409,
+            detail=f"node {node_id!r} is live: POST /nodes/{node_id}/lost (or drain it) first",
+        )
+    if not await asyncio.to_thread(service.access.retire, node_id):
+        raise HTTPException(status_code=404, detail=f"node {node_id!r} has no credential")
+    log.warning("node id %r retired: its credential is revoked", node_id)
+    return Response(status_code=204)
 
 
 @router.post("/nodes/{node_id}/heartbeat", tags=["nodes"], responses={403: {}, 404: {}, 409: {}})

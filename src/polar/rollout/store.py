@@ -319,6 +319,12 @@ class RolloutStore:
                 (node_id, digest, time.time()),
             )
 
+    def delete_node_credential(self, node_id: str) -> bool:
+        """Forget ``node_id``'s credential (the id may enrol anew); False if it had none."""
+        with self._lock:
+            cursor = self._db.execute("DELETE FROM node_credentials WHERE node_id = ?", (node_id,))
+        return cursor.rowcount > 0
+
     def assign(self, session_id: str, node_id: str) -> bool:
         """Bind a waiting session to a node; False if it finished meanwhile (cancelled)."""
         return self._update("node_id = ?, acknowledged = 0", (node_id,), session_id)
