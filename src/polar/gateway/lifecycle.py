@@ -25,7 +25,6 @@ Every move is a log event with the session, task and node ids (``session.accepte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -56,6 +55,12 @@ _STAGE_FAILURES = {
 }
 BUDGET_EXHAUSTED = SessionFailure(kind="timeout", reason="budget_exhausted")
 POSTRUN_FAILED = SessionFailure(kind="infra", reason="postrun_failed")
+# POST-RUN past the evaluator's timeout_seconds: the grader's fault while it grades, else ours.
+EVALUATOR_TIMEOUT = SessionFailure(kind="evaluator", reason="evaluator_timeout")
+POSTRUN_TIMEOUT = SessionFailure(kind="infra", reason="postrun_timeout")
+# How long a cancelled stage, or a teardown, may take before its worker moves on without it:
+# a host read blocked in a thread cannot be cancelled and must not hold a worker slot.
+RELEASE_GRACE_S = 10.0
 # A work whose ERROR result names no failure (a custom SessionWork): scored as the agent's.
 UNSPECIFIED = SessionFailure(kind="agent", reason="unspecified")
 
@@ -424,24 +429,37 @@ class Lifecycle:
             session.log("session.postrun.start", f"session {session.session_id} in post-run")
             work = session.work
             assert work is not None
-            result = await self._stage(session, work.postrun(session.outcome), budget_s=None)
+            bound = session.dispatch.task.evaluator.timeout_seconds
+            result = await self._stage(session, work.postrun(session.outcome), budget_s=bound)
             if not isinstance(result, SessionResult):
-                if not session.outcome.cancelled:
-                    session.log(
-                        "session.postrun.failed",
-                        f"post-run of session {session.session_id} failed: {result!r}",
-                        level=logging.WARNING,
-                        exc_info=result if isinstance(result, Exception) else None,
-                        error=f"post-run failed: {result!r}",
-                    )
-                with contextlib.suppress(Exception):
-                    await work.abort()
-                if not session.outcome.cancelled:
-                    session.outcome.status = SessionStatus.ERROR
-                    session.outcome.error = f"post-run failed: {result!r}"
-                    session.outcome.failure = POSTRUN_FAILED
+                self._fail_postrun(session, result, bound)
+                await self._released(work.abort())
                 result = self._bare_result(session)
             await self._finish(session, result)
+
+    def _fail_postrun(self, session: NodeSession, failure: Any, bound: float) -> None:
+        """POST-RUN raised or ran past ``bound``: the session ends ERROR with the reason."""
+        outcome = session.outcome
+        if outcome.cancelled:
+            return
+        if isinstance(failure, TimeoutError):
+            evaluating = session.status == SessionStatus.EVALUATING
+            what = "evaluating" if evaluating else f"post-run ({session.status.value})"
+            outcome.error = f"{what} ran past the evaluator's timeout_seconds of {bound:g}s"
+            outcome.failure = EVALUATOR_TIMEOUT if evaluating else POSTRUN_TIMEOUT
+            event = "session.postrun.timeout"
+        else:
+            outcome.error = f"post-run failed: {failure!r}"
+            outcome.failure = POSTRUN_FAILED
+            event = "session.postrun.failed"
+        outcome.status = SessionStatus.ERROR
+        session.log(
+            event,
+            f"post-run of session {session.session_id}: {outcome.error}",
+            level=logging.WARNING,
+            exc_info=failure if not isinstance(failure, TimeoutError | None) else None,
+            error=outcome.error,
+        )
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -506,7 +524,7 @@ class Lifecycle:
             done, _ = await asyncio.wait({task}, timeout=budget_s)
             if not done:
                 task.cancel()
-                await asyncio.wait({task})
+                await self._released(task)
                 return TimeoutError()
             if task.cancelled():
                 return asyncio.CancelledError()
@@ -561,9 +579,21 @@ class Lifecycle:
 
     async def _finish_cancelled(self, session: NodeSession) -> None:
         if session.work is not None:
-            with contextlib.suppress(Exception):
-                await session.work.abort()
+            await self._released(session.work.abort())
         await self._finish(session, self._bare_result(session))
+
+    @staticmethod
+    async def _released(work: Awaitable[Any]) -> None:
+        """Wait for ``work`` (a cancelled stage, a teardown) at most :data:`RELEASE_GRACE_S`;
+        past that it goes on alone (its outcome retrieved, never raised) and the worker is
+        free again."""
+        task = asyncio.ensure_future(work)
+        done, _ = await asyncio.wait({task}, timeout=RELEASE_GRACE_S)
+        if not done:
+            log.warning(
+                "a stage or teardown outlived its grace of %gs; left behind", RELEASE_GRACE_S
+            )
+        task.add_done_callback(_retrieve)
 
     def _bare_result(self, session: NodeSession) -> SessionResult:
         return SessionResult(
@@ -620,3 +650,8 @@ class Lifecycle:
         task = asyncio.create_task(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -107,6 +107,13 @@ class EvaluatorSpec(StrategySpec):
     refresh_runtime: bool = Field(
         False, description="Evaluate in a fresh runtime with the agent's diff applied."
     )
+    timeout_seconds: float = Field(
+        7200.0,
+        gt=0,
+        description="The time bound of POST-RUN (build the trajectory, evaluate, tear down), "
+        "apart from the session's timeout_seconds. Past it the session ends ERROR "
+        "(evaluator_timeout while evaluating, else postrun_timeout) and frees its worker.",
+    )
 
 
 class BuilderSpec(StrategySpec):
