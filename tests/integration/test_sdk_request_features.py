@@ -166,13 +166,13 @@ FORCED = {
         _chat({"type": "function", "function": {"name": "shell"}}),
         {"type": "function", "function": {"name": "shell"}},
     ),
-    "function_call named (legacy)": (
+    "legacy function_call named": (
         "openai_chat",
         _chat({"name": "shell"}, legacy=True),
         {"type": "function", "function": {"name": "shell"}},
     ),
-    "tool_choice required ": ("openai_responses", _responses("required"), "required"),
-    "tool_choice named ": (
+    "tool_choice required (Responses)": ("openai_responses", _responses("required"), "required"),
+    "tool_choice named (Responses)": (
         "openai_responses",
         _responses({"type": "function", "name": "shell"}),
         {"type": "function", "function": {"name": "shell"}},
@@ -197,7 +197,7 @@ def _forced_params() -> list[Any]:
     for feature, (api, _, _) in FORCED.items():
         for mode, status in zip(MODES, ("supported", "mapped"), strict=True):
             mark = pytest.mark.conformance(
-                feature=f"{feature.strip()} ({mode} rendering)", api=api, status=status
+                feature=f"{feature.split(' (')[0]} ({mode} rendering)", api=api, status=status
             )
             params.append(pytest.param(mode, feature, marks=mark, id=f"{feature}-{mode}"))
     return params
@@ -564,3 +564,38 @@ async def test_no_context_window_still_sends_a_sane_output_budget(
     assert sent["max_tokens"] == 321
     [record] = app_services(app).store.records(key)
     assert "max_tokens_defaulted:321" in record.flags
+
+
+@pytest.mark.conformance(
+    feature="tool_config ANY, several allowed functions of more", api="google", status="refused"
+)
+def test_gemini_allowing_some_of_the_functions_is_refused_by_name(live_gateway: Any) -> None:
+    session = live_gateway.new_session()
+    client = _google(session)
+    names = ("shell", "read", "write")
+    tools = [types.Tool(function_declarations=[types.FunctionDeclaration(name=n) for n in names])]
+    calling = types.FunctionCallingConfig(mode="ANY", allowed_function_names=["shell", "read"])
+    config = types.GenerateContentConfig(
+        tools=tools, tool_config=types.ToolConfig(function_calling_config=calling)
+    )
+    with pytest.raises(genai_errors.ClientError, match="allowedFunctionNames naming some"):
+        client.models.generate_content(model="g", contents="Files?", config=config)
+    assert live_gateway.engine_log == []
+
+
+@pytest.mark.conformance(
+    feature="tool_choice allowed_tools, some of the tools", api="openai_responses", status="refused"
+)
+def test_responses_allowing_some_of_the_tools_is_refused_by_name(live_gateway: Any) -> None:
+    session = live_gateway.new_session()
+    tools = [{"type": "function", "name": n, "parameters": SCHEMA} for n in ("shell", "read")]
+    choice = {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [{"type": "function", "name": "read"}],
+    }
+    with pytest.raises(openai.BadRequestError, match="allowed_tools naming some"):
+        _openai(session).responses.create(
+            model="m", input="Files?", tools=tools, tool_choice=choice
+        )
+    assert live_gateway.engine_log == []
