@@ -31,6 +31,7 @@ from polar.harnesses.registry import harness_for
 from polar.harnesses.runner import run_launch
 from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.registry import create_runtime
+from polar.runtimes.safe_files import make_dirs
 from polar.schemas.ids import path_segment
 from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trajectory, TrajectoryStatus
@@ -141,9 +142,10 @@ class RolloutWork:
 
     @staticmethod
     def _make_polar_dirs(runtime: Runtime) -> None:
-        """The session's artifact and log directories (under HOME, which every runtime maps)."""
+        """The session's artifact and log directories (under HOME, which every runtime maps);
+        never through a link a prepare step planted there."""
         for name in ("artifacts", "logs"):
-            (runtime.home_path / ".polar" / name).mkdir(parents=True, exist_ok=True)
+            make_dirs(runtime.home_path, f".polar/{name}")
 
     # -- POSTRUN ---------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ host reads from a sandbox's tree goes through this module instead:
 
 - a file is opened ``O_RDONLY | O_NONBLOCK | O_NOFOLLOW``, ``fstat``-ed, and read only if it is
   a regular file no larger than the caller's cap (:class:`UnsafeFile` otherwise);
-- a file is written ``O_NOFOLLOW | O_NONBLOCK`` and only over a regular file or nothing;
+- a file is written ``O_NOFOLLOW | O_NONBLOCK`` and only over a regular file or nothing, and a
+  directory is made only where no link stands (:func:`make_dirs`);
 - a walk lists entries without following links, and stops at :data:`MAX_ENTRIES` entries or
   :data:`MAX_DEPTH` levels (:class:`TreeTooLarge`).
 """
@@ -131,6 +132,18 @@ def copy_regular(src: Path, dst: Path, limit: int = MAX_FILE_BYTES) -> None:
                 target.write(chunk)
             os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o777)
         os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def make_dirs(root: Path, rel: str) -> Path:
+    """``root/rel`` made a directory, each level created or found a real directory: never
+    one made through a link the sandbox planted (:class:`UnsafeFile`)."""
+    path = root
+    for part in Path(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            raise UnsafeFile(f"{path} is a symbolic link; no directory is made through it")
+        path.mkdir(exist_ok=True)
+    return path
 
 
 def walk(

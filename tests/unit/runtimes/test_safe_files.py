@@ -24,6 +24,7 @@ from polar.runtimes.safe_files import (
     TreeTooLarge,
     UnsafeFile,
     copy_regular,
+    make_dirs,
     read_regular,
     same_content,
     walk,
@@ -212,3 +213,16 @@ def test_a_transfer_into_a_sandbox_never_writes_through_a_planted_directory_link
     with pytest.raises(UnsafeFile):
         _copy(src, workspace_tests)
     assert list(outside.iterdir()) == []
+
+
+def test_directories_are_never_made_through_a_planted_link(tmp_path: Path) -> None:
+    outside = tmp_path / "host"
+    outside.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".polar").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafeFile):
+        make_dirs(home, ".polar/artifacts")
+    assert list(outside.iterdir()) == []
+    (home / ".polar").unlink()
+    assert make_dirs(home, ".polar/artifacts").is_dir()
