@@ -2,8 +2,10 @@
 (the rollout resource, and one CPU for a "trainer"), two gateway nodes started the way
 docs/scale-out.md says (``num_cpus=0`` plus ``polar_gateway``). The tests share one cluster
 and one ``polar.ray.up`` and run in file order: placement, end to end with exact tokens per
-node, a gateway crash, a rollout server crash, node loss, node join, drain with a deadline,
-then coexistence with the trainer's actor and ``down``.
+node, a gateway crash, a gateway past its restart budget, a rollout server crash, node loss,
+node join, drain with a deadline, status (drained is not dead), then coexistence with the
+trainer's actor and ``down``; last, with Polar down, ``polar ray up`` processes ended by
+SIGHUP, SIGTERM, a SIGINT from a script's background and a ``--wait-nodes`` deadline.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from integration.rollout_support.cluster import CallbackReceiver, free_port, shell_task
 from polar.capture.store import CaptureStore
+from polar.ray import down as polar_down
 from polar.schemas.task import SessionResult, SessionStatus
 from polar.tokens import GATEWAY_TOKEN_FILE
 
@@ -43,6 +48,7 @@ pytestmark = [
 TESTS_DIR = Path(__file__).resolve().parents[1]
 GRACE_S = 60.0  # node loss must be reported long before this
 GATEWAY_NODE: dict[str, Any] = {"num_cpus": 0, "resources": {"polar_gateway": 1}}
+MAX_RESTARTS = 1  # the crash test spends it; the restart-budget test then exhausts it
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Env:
     receiver: CallbackReceiver
     work_dir: Path
     common: dict[str, Any]
+    config: dict[str, Any]
 
     @property
     def url(self) -> str:
@@ -164,6 +171,7 @@ def env() -> Iterator[Env]:
                         "workers": {"init": 2, "run": 4, "postrun": 2, "ready_buffer": 2},
                         "work_dir": str(work_dir),
                         "heartbeat_s": 0.3,
+                        "max_restarts": MAX_RESTARTS,
                     },
                 },
                 "rollout": {
@@ -177,7 +185,7 @@ def env() -> Iterator[Env]:
                 },
             }
             polar_ray = polar.ray.up(config)
-            yield Env(cluster, polar_ray, receiver, work_dir, common)
+            yield Env(cluster, polar_ray, receiver, work_dir, common, config)
         finally:
             receiver.stop()
             ray.shutdown()
@@ -234,20 +242,23 @@ def test_end_to_end_exact_tokens_on_each_node(env: Env) -> None:
         assert trainable == sampled  # exactly the engine's tokens, on the node that ran it
 
 
-def test_a_crashed_gateway_restarts_on_its_own_node(env: Env) -> None:
+def hang_on_first_gateway(env: Env, task_id: str) -> tuple[str, dict[str, Any], set[str]]:
+    """A task of 4 hanging sessions, dispatched; the first gateway (by node id), where it runs
+    and the sessions it holds."""
     hang = {"AGENT_MODE": "hang"}
-    env.submit(shell_task("crash", env.receiver, num_samples=4, timeout_s=20, agent_env=hang))
-    wait(lambda: all(s["acknowledged"] for s in env.sessions("crash")), 30, "dispatched")
-    victim, before = sorted(env.gateways().items())[0]
-    held = {s["session_id"] for s in env.sessions("crash") if s["node_id"] == victim}
+    env.submit(shell_task(task_id, env.receiver, num_samples=4, timeout_s=20, agent_env=hang))
+    wait(lambda: all(s["acknowledged"] for s in env.sessions(task_id)), 30, "dispatched")
+    victim, where = sorted(env.gateways().items())[0]
+    held = {s["session_id"] for s in env.sessions(task_id) if s["node_id"] == victim}
     assert held
+    return victim, where, held
+
+
+def test_a_crashed_gateway_restarts_on_its_own_node(env: Env) -> None:
+    victim, before, held = hang_on_first_gateway(env, "crash")
     os.kill(before["pid"], signal.SIGKILL)
 
-    after = wait(
-        lambda: (g := env.gateways().get(victim)) and g["pid"] != before["pid"] and g,
-        60,
-        "the gateway restarted",
-    )
+    after = _next_life(env, victim, before["pid"])
     assert after["ray_node_id"] == before["ray_node_id"] and after["restarted"]
     lost = wait(
         lambda: [s for s in env.sessions("crash") if s["session_id"] in held and s["error"]],
@@ -269,6 +280,48 @@ def test_a_crashed_gateway_restarts_on_its_own_node(env: Env) -> None:
     failed = [r for r in results if r.session_id in held]
     assert all(r.failure is not None and r.failure.kind == "infra" for r in failed)
     wait(lambda: victim in env.healthy(), 30, "the restarted gateway is healthy")
+
+
+def test_a_gateway_past_its_restart_budget_is_lost_at_once_and_replaced(env: Env) -> None:
+    """Ray lets a gateway die for good after max_restarts while its node lives: its sessions
+    fail at once as node_lost (not node_dead after the grace) and a fresh gateway takes the
+    node (before: the node had no gateway for good)."""
+    victim, where, held = hang_on_first_gateway(env, "spent")
+    for _ in range(MAX_RESTARTS + 1):  # the crash test may have spent some already
+        killed = time.monotonic()
+        os.kill(where["pid"], signal.SIGKILL)
+        where = _next_life(env, victim, where["pid"])
+        if not where["restarted"]:
+            break  # a new actor, not a restart: the budget was spent
+    assert not where["restarted"], "never replaced"
+    assert where["ray_node_id"] == ray_node_of(env, victim).node_id
+
+    def failed() -> list[dict[str, Any]]:
+        done = [s for s in env.sessions("spent") if s["session_id"] in held and s["error"]]
+        return done if len(done) == len(held) else []
+
+    lost = wait(failed, 30, "its sessions failed")
+    assert time.monotonic() - killed < GRACE_S / 3  # reported, not the grace period
+    assert all(f"node {victim} lost" in s["error"] and "restarts" in s["error"] for s in lost)
+    wait(lambda: victim in env.healthy(), 30, "the replacement registered")
+    results = env.wait_task("spent", 60)
+    for r in results:
+        if r.session_id in held:
+            assert r.failure is not None and (r.failure.kind, r.failure.reason) == (
+                "infra",
+                "node_lost",
+            )
+
+
+def _next_life(env: Env, node_id: str, pid: int) -> dict[str, Any]:
+    """The gateway of ``node_id`` once a process other than ``pid`` runs it."""
+    return dict(
+        wait(
+            lambda: (g := env.gateways().get(node_id)) and g["pid"] != pid and g,
+            60,
+            "the gateway restarted or was replaced",
+        )
+    )
 
 
 def test_a_crashed_rollout_server_restarts_and_each_callback_arrives_once(env: Env) -> None:
@@ -370,6 +423,24 @@ def test_drain_with_a_deadline_cancels_what_is_left_and_retires_the_gateway(env:
             assert r.failure is not None and r.failure.reason == "drain_deadline"
 
 
+def test_status_shows_a_drained_node_as_drained_and_a_lost_one_as_dead(env: Env) -> None:
+    cli = subprocess.run(
+        [sys.executable, "-m", "polar.cli.main", "ray", "status"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": env.cluster.address},
+        timeout=120,
+    )
+    assert cli.returncode == 0, cli.stderr
+    states = {line.split()[0]: line.split()[1] for line in cli.stdout.splitlines()[1:]}
+    views = {v.node_id: v for v in env.polar.nodes()}
+    drained = {n for n, v in views.items() if v.drained}
+    dead = {n for n, v in views.items() if v.dead}
+    assert len(drained) == 1 and len(dead) == 1  # the drain test's node, the node-loss test's
+    assert {states[n] for n in drained} == {"drained"} and {states[n] for n in dead} == {"dead"}
+    assert list(states.values()).count("healthy") == 1  # 2 joined + 1, 1 lost, 1 drained
+
+
 def test_a_trainer_in_its_own_namespace_is_left_alone(env: Env) -> None:
     @ray.remote(num_cpus=1)
     class Trainer:
@@ -389,6 +460,103 @@ def test_a_trainer_in_its_own_namespace_is_left_alone(env: Env) -> None:
     assert ("trainer", "trainer") in names
     assert not any(ns == "polar" for ns, _ in names)
     ray.kill(trainer)
+
+
+def _up_file(env: Env, tmp: Path, namespace: str) -> Path:
+    """A `polar ray up` file like the module's, with its own namespace, port and dirs."""
+    config = deepcopy(env.config)
+    config["ray"]["namespace"] = namespace
+    config["ray"]["gateways"]["work_dir"] = str(tmp / "gateways")
+    config["rollout"].update(port=free_port(), data_dir=str(tmp / "rollout"))
+    path = tmp / "polar-ray.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _actors_in(namespace: str) -> list[str]:
+    return [
+        e["name"]
+        for e in ray.util.list_named_actors(all_namespaces=True)
+        if e["namespace"] == namespace
+    ]
+
+
+def _torn_down(namespace: str) -> None:
+    try:
+        wait(lambda: not _actors_in(namespace), 30, f"no Polar actor left in {namespace}")
+    finally:
+        polar_down(namespace)  # whatever the test found, leave nothing to later tests
+
+
+UP = [sys.executable, "-m", "polar.cli.main", "ray", "up"]
+STOPS = [
+    pytest.param("SIGHUP", "ready", False, id="sighup-terminal-closed"),
+    pytest.param("SIGTERM", "waiting", False, id="sigterm-while-waiting-for-nodes"),
+    pytest.param("SIGINT", "ready", True, id="sigint-in-a-scripts-background"),
+]
+
+
+@pytest.mark.parametrize(("name", "when", "background"), STOPS)
+def test_a_foreground_up_ended_by_a_signal_takes_its_gateways_down(
+    env: Env, tmp_path: Path, name: str, when: str, background: bool
+) -> None:
+    """Gateways are detached actors: only `polar ray up`'s own teardown removes them. Before:
+    SIGHUP killed it outright, SIGTERM before 'ready' hit Ray's handler (exit, no teardown),
+    and a background child of a non-interactive shell ignored SIGINT."""
+    assert not env.gateways(), "Polar is down (the previous test)"
+    namespace = f"sig-{name.lower()}"
+    config = _up_file(env, tmp_path, namespace)
+    wait_nodes = "2" if when == "ready" else "3"  # 3: never reached, it is still waiting
+    command = [*UP, "--config", str(config), "--wait-nodes", wait_nodes, "--wait-timeout", "0"]
+    pid_file = tmp_path / "pid"
+    if background:  # as a CI script starts it: `polar ray up ... &` (SIGINT arrives ignored)
+        line = " ".join(f"'{part}'" for part in command)
+        command = ["bash", "-c", f"{line} & echo $! > {pid_file}; wait $!"]
+    up = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ
+    )
+    try:
+        assert up.stdout is not None
+        seen = []
+        for out in up.stdout:
+            seen.append(out)
+            if (when == "ready" and out.startswith("ready:")) or (
+                when == "waiting" and out.startswith("Polar rollout server on Ray")
+            ):
+                break
+        else:
+            raise AssertionError("".join(seen))
+        wait(lambda: any(n.startswith("polar-gw-") for n in _actors_in(namespace)), 60, "gw")
+        pid = int(pid_file.read_text()) if background else up.pid
+        before = _actors_in(namespace)
+        assert "polar-rollout" in before  # its handle is held: Ray would collect it otherwise
+        os.kill(pid, getattr(signal, name))
+        rest, _ = up.communicate(timeout=60)
+        assert up.returncode == 0, "".join(seen) + rest
+        assert "took Polar down: polar-rollout, polar-gw-" in rest, rest
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        _torn_down(namespace)
+
+
+def test_wait_nodes_gives_up_at_its_deadline_and_takes_polar_down(env: Env, tmp_path: Path) -> None:
+    config = _up_file(env, tmp_path, "deadline")  # two gateway nodes are left: 3 never come
+    started = time.monotonic()
+    up = subprocess.run(
+        [*UP, "--config", str(config), "--wait-nodes", "3", "--wait-timeout", "8"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    try:
+        assert up.returncode == 2, up.stdout + up.stderr
+        assert "of 3 gateways up after 8s" in up.stderr
+        assert "took Polar down: polar-rollout" in up.stdout
+        assert time.monotonic() - started < 120
+    finally:
+        _torn_down("deadline")
 
 
 def _processes_under(path: str) -> list[int]:
