@@ -160,7 +160,7 @@ class EngineCheck:
 
 
 @dataclass
-class _Exchange:
+class Exchange:
     """One engine call as the engine answered it."""
 
     body: dict[str, Any]
@@ -173,7 +173,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
         self.inner = inner or httpx.AsyncHTTPTransport()
-        self.exchanges: list[_Exchange] = []
+        self.exchanges: list[Exchange] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
@@ -181,7 +181,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
             return response
         content = await response.aread()
         if response.status_code == 200:
-            self.exchanges.append(_Exchange(json.loads(request.content), json.loads(content)))
+            self.exchanges.append(Exchange(json.loads(request.content), json.loads(content)))
         return httpx.Response(
             response.status_code, headers=response.headers, content=content, request=request
         )
@@ -190,7 +190,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def engine_tokens(exchange: _Exchange) -> tuple[list[int], list[int], list[float] | None]:
+def engine_tokens(exchange: Exchange) -> tuple[list[int], list[int], list[float] | None]:
     """(prompt ids, sampled ids, logprobs) as the engine reported them, in vLLM's shapes."""
     reply = exchange.reply
     choice = reply["choices"][0]
@@ -272,13 +272,13 @@ async def _probe(
                 row = SessionRow(task)
                 start = len(tap.exchanges)
                 try:
-                    await drive(gateway, key, task, turns, max_tokens, seed=index)
+                    await drive(gateway, key, task, turns, max_tokens)
                 except (httpx.HTTPError, RuntimeError) as exc:
                     row.error = str(exc)
                 # Sessions run one after another, calls in order: the engine's answers since
                 # ``start`` are this session's calls, one for one.
                 answered = tap.exchanges[start:]
-                await _score(row, services.store.records(key), answered, raw, model)
+                await score_session(row, services.store.records(key), answered, raw, model)
                 check.sessions.append(row)
     return check
 
@@ -322,7 +322,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 async def drive(
-    gateway: httpx.AsyncClient, key: str, task: str, turns: int, max_tokens: int, seed: int
+    gateway: httpx.AsyncClient, key: str, task: str, turns: int, max_tokens: int
 ) -> None:
     """One harness-like session: tool calls answered, arguments re-serialized compactly (as
     harnesses keep them), a follow-up user turn after each text answer."""
@@ -338,7 +338,6 @@ async def drive(
                 "messages": messages,
                 "tools": [BASH_TOOL],
                 "max_tokens": max_tokens,
-                "seed": seed * 100 + turn,
             },
         )
         if reply.status_code != 200:
@@ -367,10 +366,10 @@ def _compact(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**call["function"], "arguments": arguments}}
 
 
-async def _score(
+async def score_session(
     row: SessionRow,
     records: list[CaptureRecord],
-    answered: list[_Exchange],
+    answered: list[Exchange],
     raw: httpx.AsyncClient,
     model: str,
 ) -> None:
