@@ -26,6 +26,11 @@ def add_parser(sub: Any) -> None:
         "model directory the engine reports)",
     )
     parser.add_argument("--chat-template", help="a .jinja file replacing the tokenizer's own")
+    parser.add_argument(
+        "--family",
+        help="the model family (default: detected from the tokenizer; see docs/engines.md)",
+    )
+    parser.add_argument("--tool-parser", help="override the family's tool-call parser")
     parser.add_argument("--sessions", type=positive_int, default=3, help="tool sessions to run")
     parser.add_argument("--turns", type=positive_int, default=4, help="model calls per session")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -41,6 +46,8 @@ def _check(args: argparse.Namespace) -> int:
             model=args.model,
             tokenizer=args.tokenizer,
             chat_template=args.chat_template,
+            family=args.family,
+            tool_parser=args.tool_parser,
             sessions=args.sessions,
             turns=args.turns,
         )

@@ -209,6 +209,8 @@ async def check_engine(
     model: str | None = None,
     tokenizer: str | None = None,
     chat_template: str | None = None,
+    family: str | None = None,
+    tool_parser: str | None = None,
     sessions: int = 3,
     turns: int = 4,
     max_tokens: int = 96,
@@ -224,7 +226,13 @@ async def check_engine(
             capture_db=db,
             auto_register=True,
             served_model=model,
-            render={"mode": "gateway", "tokenizer": tokenizer, "chat_template": chat_template},
+            render={
+                "mode": "gateway",
+                "tokenizer": tokenizer,
+                "chat_template": chat_template,
+                "family": family,
+                "tool_parser": tool_parser,
+            },
             sampling=SamplingPolicy(temperature=1.0, top_p=1.0),
         )
         app = create_app(config, engine=engine, store=store)
@@ -247,9 +255,9 @@ async def _probe(
     services = app_services(app)
     facts = await services.proxy.facts()
     renderer = facts.renderer
-    family = getattr(getattr(renderer, "family", None), "name", None)
-    if family is None and renderer is not None:
-        family = f"(parser {getattr(renderer.parser, 'name', type(renderer.parser).__name__)})"
+    family = renderer.family.name if renderer is not None else None
+    if family == "tokenizer" and renderer is not None:  # no family: a parser named by hand
+        family = f"(none: the tokenizer's template, parser {type(renderer.parser).__name__})"
     check = EngineCheck(url, facts.served_model, family, facts.render_mode, notes=facts.notes)
     if renderer is None:
         return check

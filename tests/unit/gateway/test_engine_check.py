@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
 from polar.cli.main import main
+from polar.engines.model_files import tokenizer_cache_path
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedReply, create_scripted_app
 from polar.gateway.engine_check import check_engine
 from polar.gateway.server import BackgroundServer
@@ -118,3 +121,17 @@ async def test_an_engine_conditioning_on_other_ids_than_sent_fails_the_captures(
     assert session.calls == 2
     assert session.exact_captures == 0
     assert not check.ok
+
+
+def test_an_unrecognised_tokenizer_stops_the_check_until_a_family_is_named(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|unheard_of|>"]})
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(str(tmp_path))
+    args = ["check-engine", engine_url, "--tokenizer", str(tmp_path), "--turns", "2"]
+    assert main([*args, "--sessions", "1"]) == 2
+    assert "set render.family" in capsys.readouterr().err
+    assert main([*args, "--sessions", "1", "--family", "smollm2"]) == 0
+    assert "family   smollm2" in capsys.readouterr().out
