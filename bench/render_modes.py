@@ -32,27 +32,11 @@ from starlette.routing import Route
 from polar.capture.store import CaptureStore
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
+from polar.gateway.engine_check import BASH_TOOL, SYSTEM
 from polar.gateway.server import BackgroundServer
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a shell command and return its output.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
-SYSTEM = (
-    "You are a coding agent. To run a shell command, call the bash tool. "
-    "Call a tool whenever it helps."
-)
+TOOLS = [BASH_TOOL]  # the tool polar check-engine's sessions use
 TASKS = [
     "List the files in the current directory with the bash tool.",
     "Use bash to print the date, then tell me the year.",
