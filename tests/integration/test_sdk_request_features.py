@@ -224,6 +224,22 @@ def test_a_forced_tool_call_is_enforced_by_the_engine(gateway: Any, feature: str
         assert f"feature tool_choice {kind}: mapped" in record.notes
 
 
+@in_both_modes("tool_choice none", {"openai_chat": ("supported", "supported")})
+def test_tool_choice_none_leaves_a_sampled_call_as_text(gateway: Any, api: str) -> None:
+    session = gateway.new_session()
+    gateway.script(ScriptedReply(tool_calls=[CALL]))
+    reply = _openai(session).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Files?"}],
+        tools=CHAT_TOOLS,
+        tool_choice="none",
+    )
+    message = reply.choices[0].message
+    assert not message.tool_calls
+    assert reply.choices[0].finish_reason == "stop"
+    assert "<tool_call>" in message.content and '"shell"' in message.content
+
+
 @pytest.mark.parametrize("noncanonical_gateway", MODES, indirect=True)
 def test_the_engine_refuses_a_reply_that_breaks_the_forced_call(gateway: Any) -> None:
     """The scripted engine is as strict as a constrained one: a text reply under

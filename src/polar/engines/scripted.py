@@ -36,6 +36,7 @@ from starlette.routing import Route
 from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 from polar.engines.types import usage_body
 from polar.engines.vllm import VLLMEngine
+from polar.rendering.parsers.think import split_think
 from polar.rendering.tool_text import assistant_text, messages_for_plain_template
 
 
@@ -313,6 +314,10 @@ class ScriptedBackend:
         if body.get("parallel_tool_calls") is False:
             calls = calls[:1]  # as vLLM does: the sampled ids stay whole, the reply keeps one
         content = reply.content.split(stop)[0] if stop else reply.content
+        if body.get("tool_choice") == "none" and calls:
+            # vLLM parses no calls under tool_choice none: the call's text is the answer.
+            text = self.tokenizer.decode(sampled, skip_special_tokens=True)
+            content, calls, finish = split_think(text)[1], [], "stop"
         entries = self.logprob_entries(sampled)
         reply_body = {
             "id": "chatcmpl-" + uuid.uuid4().hex[:24],
