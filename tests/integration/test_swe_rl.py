@@ -4,6 +4,7 @@ against a rollout server, and drawn by ``polar train``'s ``swe`` task source for
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,11 @@ from polar.training.trainer_config import TrainConfig
 
 from .swe_kit import FIX_TEXTKIT, LARGE_CONTEXT, MODEL, scripted_backend
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # The SWE tasks' sessions and their grading run in bubblewrap (SWETaskOptions' default).
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed"),
+]
 
 # The bundled agent (a real chat-completions tool loop), bound read-only into each sandbox.
 AGENT_OPTIONS: dict[str, Any] = {
