@@ -10,19 +10,18 @@ which renders exactly what that fallback did, so vLLM can serve it too.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
 from polar.errors import InvalidRequest
+from polar.rendering import vllm_chat
 from polar.rendering.tool_text import (
-    flatten_content,
     messages_for_plain_template,
     template_supports_tools,
 )
+from polar.rendering.vllm_chat import content_format
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -82,7 +81,8 @@ def render_text(
     validate_messages(messages)
     template = chat_template or tokenizer.chat_template
     if template_supports_tools(template):
-        conversation, template_tools = _for_tool_template(messages), tools or None
+        fmt = content_format(template)
+        conversation, template_tools = vllm_chat.conversation(messages, fmt), tools or None
     else:
         conversation, template_tools = messages_for_plain_template(messages, tools), None
     try:
@@ -111,26 +111,3 @@ def validate_messages(messages: Any) -> None:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise InvalidRequest(f"messages[{i}].tool_calls[{j}].function.name is required")
-
-
-def _for_tool_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """String content and dict arguments, the shape tool-aware HF templates expect."""
-    out = []
-    for msg in messages:
-        msg = dict(msg)
-        msg["content"] = flatten_content(msg.get("content"))
-        if msg.get("tool_calls"):
-            msg["tool_calls"] = [_with_dict_arguments(call) for call in msg["tool_calls"]]
-        if "reasoning" in msg and "reasoning_content" not in msg:
-            msg["reasoning_content"] = msg["reasoning"]
-        out.append(msg)
-    return out
-
-
-def _with_dict_arguments(call: dict[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function") or {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        with contextlib.suppress(json.JSONDecodeError):
-            function["arguments"] = json.loads(arguments) if arguments else {}
-    return {**call, "function": function}
