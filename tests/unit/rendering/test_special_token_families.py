@@ -214,6 +214,12 @@ SPECS = {
         MINIMAX_SPECIALS,
         Sampler.minimax,
     ),
+    "minimax_m2_upstream": Spec(
+        "minimax_m2",
+        lambda: llama_cpp_template("MiniMax-M2.jinja"),
+        MINIMAX_SPECIALS,
+        Sampler.minimax,
+    ),
     "minimax_m27": Spec(
         "minimax_m2",
         lambda: miles_template("minimax_m27_fixed.jinja"),
