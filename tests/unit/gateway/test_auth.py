@@ -108,16 +108,23 @@ def test_no_auth_is_refused_off_loopback(tmp_path: Path, tokenizer: Any) -> None
         gateway(config, tokenizer)
 
 
+def made_with_a_call(server: BackgroundServer, admin: dict[str, str], sid: str) -> httpx.Response:
+    """Session ``sid`` made through the admin API, and its first model call (answered)."""
+    made = httpx.post(f"{server.url}/polar/sessions", json={"session_id": sid}, headers=admin)
+    assert made.status_code == 201
+    call = httpx.post(f"{server.url}/s/{sid}/v1/chat/completions", json=CHAT, timeout=30)
+    assert call.status_code == 200
+    return call
+
+
 def test_a_closed_session_is_never_reopened(tmp_path: Path, tokenizer: Any) -> None:
     config = GatewayConfig(capture_db=tmp_path / "c.db", auto_register=True)
     app = gateway(config, tokenizer)
     admin = {"x-polar-admin-token": app_services(app).admin_token or ""}
     with BackgroundServer(app) as server:
         sid = "ps-closing-session-0000000001"
-        made = httpx.post(f"{server.url}/polar/sessions", json={"session_id": sid}, headers=admin)
-        assert made.status_code == 201
+        made_with_a_call(server, admin, sid)
         model = f"{server.url}/s/{sid}/v1/chat/completions"
-        assert httpx.post(model, json=CHAT, timeout=30).status_code == 200
         gone = httpx.delete(f"{server.url}/polar/sessions/{sid}", headers=admin)
         assert gone.status_code == 204
         # auto_register must not make it again, nor may the admin API
@@ -160,10 +167,7 @@ def test_a_closed_sessions_records_stay_readable_by_the_operator(
     admin = {"x-polar-admin-token": app_services(app).admin_token or ""}
     with BackgroundServer(app) as server:
         live = "ps-a-live-session-000000000001"
-        made = httpx.post(f"{server.url}/polar/sessions", json={"session_id": live}, headers=admin)
-        assert made.status_code == 201
-        call = httpx.post(f"{server.url}/s/{live}/v1/chat/completions", json=CHAT, timeout=30)
-        assert call.status_code == 200
+        call = made_with_a_call(server, admin, live)
         app_services(app).sessions.remove(live)  # as the node closes a finished session
         asyncio.run(app_services(app).store.close_session(live))
         assert (
