@@ -75,7 +75,6 @@ class KimiK2ToolParser(ToolParser):
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         text = strip_trailers(text, TRAILERS)
         before_calls, sep, section = text.partition(SECTION_BEGIN)
-        # A thought cut off by the first call section (no </think>) ends where the calls begin.
         reasoning, content = split_reasoning(before_calls)
         if not sep:
             return ParsedTurn(content=content, reasoning=reasoning, tool_calls=[])
