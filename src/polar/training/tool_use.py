@@ -129,6 +129,7 @@ def tool_use(
     num_samples: int = 4,
     timeout_s: float = 300.0,
     max_calls: int | None = 6,
+    builder: str = "prefix_merging",
 ) -> list[TaskRequest]:
     """``count`` tool-use tasks through ``harness`` (settings default to a compact Pi).
 
@@ -136,6 +137,8 @@ def tool_use(
     in read-only. The eval split is the same tasks in the same order for every call.
     ``max_calls`` is the gateway's turn limit (``agent.max_model_calls``): a chore takes three
     calls, and a policy that repeats a tool call ends there instead of at ``timeout_s``.
+    ``builder`` is the trajectory builder (``per_request`` for the builder ablation: one trace
+    per call instead of one per session).
     """
     from polar.harnesses.install import default_prefix
     from polar.harnesses.registry import CLI_PRESETS, create_harness
@@ -174,7 +177,7 @@ def tool_use(
                         "settings": dict(settings),
                         "max_model_calls": max_calls,
                     },
-                    "builder": {"strategy": "prefix_merging"},
+                    "builder": {"strategy": builder},
                     "evaluator": {
                         "strategy": "test_on_output",
                         "config": {"command": chore.check, "timeout_s": 30},

@@ -28,7 +28,8 @@ import shutil
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ class EmbeddedTrainer:
             max_active=config.run_workers,
             # the behaviour policy is the tempered distribution the tokens were drawn from
             logprobs_mode="raw" if self.temperature == 1.0 else "processed",
+            kv_cache_bytes=config.kv_cache_mb << 20,
         )
         self.module = self.core.module  # the one model: served and trained
         self.module.eval()  # no dropout: the trainer's forward is the engine's forward
@@ -311,54 +313,57 @@ class EmbeddedTrainer:
         pairs = self._fill_behaviour(pairs)
         pad = int(self.core.tokenizer.pad_token_id or 0)
         first = True
-        for _ in range(cfg.optim.epochs):
-            order = list(pairs)
-            self.rng.shuffle(order)
-            for chunk in _split(order, cfg.optim.minibatches):
-                total = sum(w * s.trainable_tokens for s, w in chunk)
-                # Zero-advantage traces add nothing without a KL term: skip their forward.
-                live = [
-                    (s, w / total)
-                    for s, w in chunk
-                    if s.advantage != 0.0 or self.reference is not None
-                ]
-                if not live:
-                    continue
-                self.optimizer.zero_grad(set_to_none=True)
-                for micro in _chunks(live, cfg.optim.micro_batch_size):
-                    batch = make_batch([s for s, _ in micro], [w for _, w in micro], pad)
-                    logp = response_logprobs(self.module, batch, self.temperature)
-                    ref = None
-                    if self.reference is not None:
-                        with torch.no_grad():
-                            ref = response_logprobs(self.reference, batch, self.temperature)
-                    terms = clipped_policy_loss(
-                        logp,
-                        batch.rollout_logprobs,
-                        batch.advantages,
-                        batch.weights,
-                        batch.loss_mask,
-                        clip_low=loss_cfg.clip_low,
-                        clip_high=loss_cfg.clip_high,
-                        ref_logprobs=ref,
-                        kl_coef=loss_cfg.kl_coef,
+        with _checkpointed(self.module, cfg.optim.gradient_checkpointing):
+            for _ in range(cfg.optim.epochs):
+                order = list(pairs)
+                self.rng.shuffle(order)
+                for chunk in _split(order, cfg.optim.minibatches):
+                    total = sum(w * s.trainable_tokens for s, w in chunk)
+                    # Zero-advantage traces add nothing without a KL term: skip their forward.
+                    live = [
+                        (s, w / total)
+                        for s, w in chunk
+                        if s.advantage != 0.0 or self.reference is not None
+                    ]
+                    if not live:
+                        continue
+                    self.optimizer.zero_grad(set_to_none=True)
+                    for micro in _chunks(live, cfg.optim.micro_batch_size):
+                        batch = make_batch([s for s, _ in micro], [w for _, w in micro], pad)
+                        logp = response_logprobs(self.module, batch, self.temperature)
+                        ref = None
+                        if self.reference is not None:
+                            with torch.no_grad():
+                                ref = response_logprobs(self.reference, batch, self.temperature)
+                        terms = clipped_policy_loss(
+                            logp,
+                            batch.rollout_logprobs,
+                            batch.advantages,
+                            batch.weights,
+                            batch.loss_mask,
+                            clip_low=loss_cfg.clip_low,
+                            clip_high=loss_cfg.clip_high,
+                            ref_logprobs=ref,
+                            kl_coef=loss_cfg.kl_coef,
+                        )
+                        terms.loss.backward()
+                        if first:
+                            keep = batch.loss_mask.bool()
+                            diff = (logp.detach() - batch.rollout_logprobs).abs()[keep]
+                            mismatch.extend(diff.tolist())
+                        sums["loss"] += float(terms.loss.detach())
+                        sums["pg_loss"] += terms.pg_loss
+                        sums["kl"] += terms.kl * terms.tokens
+                        sums["clip"] += terms.clip_fraction * terms.tokens
+                        totals["tokens"] += terms.tokens
+                        totals["forwards"] += 1
+                    norm = torch.nn.utils.clip_grad_norm_(
+                        self.module.parameters(), cfg.optim.grad_clip
                     )
-                    terms.loss.backward()
-                    if first:
-                        keep = batch.loss_mask.bool()
-                        diff = (logp.detach() - batch.rollout_logprobs).abs()[keep]
-                        mismatch.extend(diff.tolist())
-                    sums["loss"] += float(terms.loss.detach())
-                    sums["pg_loss"] += terms.pg_loss
-                    sums["kl"] += terms.kl * terms.tokens
-                    sums["clip"] += terms.clip_fraction * terms.tokens
-                    totals["tokens"] += terms.tokens
-                    totals["forwards"] += 1
-                norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.optim.grad_clip)
-                grad_norms.append(float(norm))
-                self.optimizer.step()
-                totals["optimizer_steps"] += 1
-                first = False
+                    grad_norms.append(float(norm))
+                    self.optimizer.step()
+                    totals["optimizer_steps"] += 1
+                    first = False
         self.optimizer.zero_grad(set_to_none=True)
         tokens = max(totals["tokens"], 1)
         return {
@@ -452,6 +457,33 @@ class EmbeddedTrainer:
         self.step = state.step
         self.rng = random.Random(f"{self.config.seed}:{state.step}")
         self.echo(f"resumed from {path} (step {state.step})")
+
+
+@contextmanager
+def _checkpointed(module: Any, enabled: bool) -> Iterator[None]:
+    """Gradient checkpointing for the update: each decoder layer keeps its input only and is
+    recomputed in the backward pass. Transformers applies it in training mode only, so the
+    module is in training mode meanwhile: the same function as in eval when it has no dropout,
+    and a model with dropout is left as it is (the trainer's forward must be the engine's)."""
+    usable = enabled and getattr(module, "supports_gradient_checkpointing", False)
+    if not usable or _has_dropout(module):
+        yield
+        return
+    module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module.train()
+    try:
+        yield
+    finally:
+        module.gradient_checkpointing_disable()
+        module.eval()
+
+
+def _has_dropout(module: Any) -> bool:
+    config = module.config.get_text_config()
+    rates = [v for k, v in vars(config).items() if "dropout" in k and isinstance(v, float)]
+    return any(r > 0 for r in rates) or any(
+        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()
+    )
 
 
 def _outcomes(results: Sequence[SessionResult]) -> dict[str, Any]:

@@ -32,6 +32,11 @@ def test_the_held_out_split_is_fixed_and_disjoint() -> None:
             assert task.runtime.options["ro_binds"]
             if task.runtime.files:
                 assert tuple(sorted(task.runtime.files.items())) not in eval_files
+    # the builder ablation: the same tasks, one trace per call instead of one per session
+    default, ablated = source("train", 1, 4), source("train", 1, 4, builder="per_request")
+    assert {t.builder.strategy for t in default} == {"prefix_merging"}
+    assert {t.builder.strategy for t in ablated} == {"per_request"}
+    assert [t.instruction for t in default] == [t.instruction for t in ablated]
 
 
 @pytest.mark.parametrize("chore", [next(c for c in chores() if c.kind == k) for k in KINDS])
