@@ -304,7 +304,7 @@ class ScriptedBackend:
         _check_structured_output(_chat_schema(body), reply)
         _check_tool_choice(body.get("tool_choice"), reply)
         messages = body.get("messages") or []
-        if not self.multimodal and any(_has_image(m) for m in messages if isinstance(m, dict)):
+        if not self.multimodal and any(map(_has_image, messages)):
             raise EngineRefusal(400, f"{self.model_name} is not a multimodal model")
         tools = body.get("tools") or None
         prompt = self.prompt_ids(
@@ -410,8 +410,8 @@ def _check_tool_choice(choice: Any, reply: ScriptedReply) -> None:
         )
 
 
-def _has_image(message: dict[str, Any]) -> bool:
-    content = message.get("content")
+def _has_image(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
     return isinstance(content, list) and any(
         isinstance(p, dict) and p.get("type") == "image_url" for p in content
     )
@@ -523,6 +523,9 @@ def create_scripted_app(backend: ScriptedBackend) -> Starlette:
             backend.check_model(body)
         except EngineRefusal as exc:
             return refusal(exc.status, exc.message)
+        messages = body.get("messages")
+        if isinstance(messages, list) and not backend.multimodal and any(map(_has_image, messages)):
+            return refusal(400, f"{backend.model_name} is not a multimodal model")
         if "messages" in body:
             ids = await run_in_threadpool(backend.prompt_ids, body["messages"], body.get("tools"))
         else:

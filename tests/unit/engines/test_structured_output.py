@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from polar.engines.embedded import EmbeddedEngineCore, create_app, load_model
-from polar.engines.scripted import EngineRefusal, ScriptedBackend, ScriptedReply
+from polar.engines.scripted import (
+    EngineRefusal,
+    ScriptedBackend,
+    ScriptedReply,
+    create_scripted_app,
+)
 from polar.engines.sglang import SGLangEngine
 from polar.engines.vllm import VLLMEngine
 from polar.providers.types import NormalizedRequest, ResponseFormat
@@ -137,3 +142,17 @@ async def test_embedded_engine_refuses_images(core: EmbeddedEngineCore) -> None:
         reply = await client.post("/v1/chat/completions", json=body)
     assert reply.status_code == 400
     assert "is not a multimodal model" in reply.json()["error"]["message"]
+
+
+async def test_token_counting_refuses_images_on_a_text_only_engine(
+    core: EmbeddedEngineCore, tokenizer: object
+) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [image]}]}
+    embedded = httpx.ASGITransport(app=create_app(core))
+    scripted = httpx.ASGITransport(app=create_scripted_app(ScriptedBackend(tokenizer=tokenizer)))
+    for transport in (embedded, scripted):
+        async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
+            reply = await client.post("/tokenize", json=body)
+        assert reply.status_code == 400
+        assert "is not a multimodal model" in reply.json()["error"]["message"]

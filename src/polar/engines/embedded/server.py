@@ -113,6 +113,7 @@ def create_app(
         body = await _json_body(request)
         check_model(body)
         if "messages" in body:
+            _refuse_images(body["messages"], core.model_name)
             rendered = await asyncio.to_thread(
                 core.render,
                 body["messages"],
