@@ -501,6 +501,16 @@ class CaptureStore:
             after_seq = rows[-1]["seq"]
             left = None if left is None else left - len(rows)
 
+    def last_engine(self, session_id: str) -> str | None:
+        """The engine (with its replica, in a pool) that served the session's latest call: an
+        engine pool's session affinity after a gateway restart."""
+        rows = self._rows(
+            "SELECT completion_id FROM completions WHERE session_id = ? ORDER BY seq DESC LIMIT 1",
+            (session_id,),
+        )
+        record = self.record(rows[0]["completion_id"]) if rows else None
+        return record.engine if record is not None else None
+
     def record(self, completion_id: str, *, session_id: str | None = None) -> CaptureRecord | None:
         """One record by completion id (None if absent, or not of ``session_id`` when given);
         raises :class:`CorruptRecord` if it does not decode exactly."""

@@ -35,7 +35,9 @@ class EngineHTTP(ABC):
         self.timeout_s = timeout_s
 
     @abstractmethod
-    async def post(self, path: str, content: bytes) -> RawReply: ...
+    async def post(
+        self, path: str, content: bytes, headers: Mapping[str, str] | None = None
+    ) -> RawReply: ...
 
     @abstractmethod
     async def get(self, path: str) -> RawReply: ...
@@ -74,9 +76,13 @@ class AiohttpEngineHTTP(EngineHTTP):
             )
         return self._session
 
-    async def post(self, path: str, content: bytes) -> RawReply:
+    async def post(
+        self, path: str, content: bytes, headers: Mapping[str, str] | None = None
+    ) -> RawReply:
         try:
-            async with self._client().post(self.base_url + path, data=content) as response:
+            async with self._client().post(
+                self.base_url + path, data=content, headers=headers
+            ) as response:
                 return RawReply(response.status, response.headers, await response.read())
         except TimeoutError as exc:
             raise self._timeout(exc) from exc
@@ -112,11 +118,13 @@ class HttpxEngineHTTP(EngineHTTP):
             base_url=self.base_url, headers=self.headers, transport=transport, timeout=timeout_s
         )
 
-    async def post(self, path: str, content: bytes) -> RawReply:
+    async def post(
+        self, path: str, content: bytes, headers: Mapping[str, str] | None = None
+    ) -> RawReply:
         try:
             # httpx timeouts are per read; the engine's budget bounds the call as a whole.
             response = await asyncio.wait_for(
-                self._client.post(path, content=content), self.timeout_s
+                self._client.post(path, content=content, headers=headers), self.timeout_s
             )
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise self._timeout(exc) from exc

@@ -10,6 +10,7 @@ import orjson
 from polar.engines.base import Engine
 from polar.engines.capture import capture_from_response
 from polar.engines.http import AiohttpEngineHTTP, EngineHTTP, HttpxEngineHTTP, RawReply
+from polar.engines.pool import routing_key
 from polar.engines.token_in import from_vllm_completion
 from polar.engines.types import EngineResult, ModelInfo, SampledTokens
 from polar.errors import (
@@ -58,6 +59,7 @@ class OpenAICompatEngine(Engine):
         transport: httpx.AsyncBaseTransport | None = None,
         extra_body: dict[str, Any] | None = None,
         max_connections: int = 1024,
+        routing_header: str | None = None,
     ) -> None:
         headers = {"content-type": "application/json"}
         if api_key:
@@ -65,6 +67,9 @@ class OpenAICompatEngine(Engine):
         self.base_url = base_url.rstrip("/")
         self.extra_body = dict(extra_body or {})
         self.timeout_s = timeout_s
+        # An external router's session header (vllm-router's X-Session-ID, sglang-router's
+        # X-SMG-Routing-Key): each call carries its session's routing key there.
+        self.routing_header = routing_header
         self._http: EngineHTTP
         if transport is not None:
             self._http = HttpxEngineHTTP(self.base_url, headers, timeout_s, transport)
@@ -80,7 +85,7 @@ class OpenAICompatEngine(Engine):
 
     async def complete(self, request: NormalizedRequest) -> EngineResult:
         body = self.build_body(request)
-        reply = await self._post("/v1/chat/completions", body)
+        reply = await self._post("/v1/chat/completions", body, request)
         completion, tokens = capture_from_response(reply)
         version = reply.get("policy_version")
         return EngineResult(
@@ -108,7 +113,7 @@ class OpenAICompatEngine(Engine):
         self, prompt_ids: list[int], request: NormalizedRequest
     ) -> SampledTokens:
         body = self.build_token_body(prompt_ids, request)
-        tokens = self.read_token_reply(await self._post(self.token_path, body), body)
+        tokens = self.read_token_reply(await self._post(self.token_path, body, request), body)
         tokens.sampling = request.params.as_dict() | tokens.sampling
         return tokens
 
@@ -138,7 +143,7 @@ class OpenAICompatEngine(Engine):
         }
         if request.tools:
             body["tools"] = request.tools
-        reply = await self._post("/tokenize", body)
+        reply = await self._post("/tokenize", body, request)
         count = reply.get("count")
         if count is None:
             count = len(reply.get("tokens") or [])
@@ -147,8 +152,13 @@ class OpenAICompatEngine(Engine):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self._http.post(path, orjson.dumps(body))
+    async def _post(
+        self, path: str, body: dict[str, Any], request: NormalizedRequest
+    ) -> dict[str, Any]:
+        headers = None
+        if self.routing_header and request.session_id:
+            headers = {self.routing_header: routing_key(request.session_id)}
+        response = await self._http.post(path, orjson.dumps(body), headers)
         if response.status >= 400:
             raise _engine_error(response)
         try:

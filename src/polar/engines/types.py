@@ -56,6 +56,8 @@ class SampledTokens:
     flags: list[str] = field(default_factory=list)
     policy_version: int | None = None
     engine_id: str | None = None
+    # Which engine sampled it, when not the gateway's engine itself (a pool's replica).
+    engine: str | None = None
 
 
 @dataclass(frozen=True)

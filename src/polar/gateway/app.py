@@ -14,6 +14,7 @@ from polar import __version__, tokens
 from polar.auth import OPEN, TokenGuard, same_secret
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
+from polar.engines.pool import RecallReplica, replica_of
 from polar.engines.registry import create_engine
 from polar.errors import EngineTimeout, EngineUnavailable
 from polar.gateway import admin
@@ -38,8 +39,8 @@ def create_app(
 ) -> FastAPI:
     """A gateway for ``config``; ``engine`` and ``store`` may be injected (tests, trainers)."""
     require_render_extra(config.render)
-    engine = engine or create_engine(config.engine)
     store = store or CaptureStore(config.capture_db, synchronous=config.capture_synchronous)
+    engine = engine or create_engine(config.engine, recall=_recall_replica(store))
     admin_token = tokens.admin_token(
         host=config.host,
         auth=config.auth,
@@ -135,3 +136,8 @@ def create_app(
 
     app.add_route("/{path:path}", model_api, methods=_ALL_METHODS, include_in_schema=False)
     return app
+
+
+def _recall_replica(store: CaptureStore) -> RecallReplica:
+    """Where a session's last recorded call ran: a pool keeps sessions there across restarts."""
+    return lambda session_id: replica_of(store.last_engine(session_id))

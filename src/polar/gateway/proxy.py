@@ -294,13 +294,16 @@ class Proxy:
     ) -> Completion:
         """The engine's completion, committed to the capture store before it is returned."""
         plan = prepared.plan
+        normalized.session_id = session.session_id
         async with self.gate.admit(self.pause_wait_s):
             if plan is not None and self.prompts is not None:
                 tokens = await self._complete(
                     self.metrics.engine_call(self.engine.complete_tokens(plan.ids, normalized)),
                     receive,
                 )
-                result = self.prompts.result(plan, tokens, normalized, self.engine.name)
+                result = self.prompts.result(
+                    plan, tokens, normalized, tokens.engine or self.engine.name
+                )
             else:
                 result = await self._complete(
                     self.metrics.engine_call(self.engine.complete(normalized)), receive

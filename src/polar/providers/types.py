@@ -149,6 +149,8 @@ class NormalizedRequest:
     # A regex the sampled text must match (tool_choice required/named under gateway rendering:
     # the family's own call format); only token prompts carry it, chat bodies send tool_choice.
     forced_call_pattern: str | None = None
+    # The gateway session the call belongs to: an engine pool routes by it (set by the proxy).
+    session_id: str | None = None
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-completions body for an engine; tool_choice only travels with tools."""
