@@ -21,20 +21,21 @@ import pytest
 from artifacts import llama_cpp_template, qwen_tokenizer  # tests/artifacts.py
 from polar.engines.model_files import load_tokenizer
 from polar.providers.types import NormalizedRequest, SamplingParams
-from polar.rendering.families.registry import detect_family, get_family
+from polar.rendering.families.registry import get_family
 from polar.rendering.renderer import FRESH_REASONING_DROPPED, FRESH_TEMPLATE_GLUE, Renderer
 from polar.rendering.turns import TurnBook
 
+# The trajectory tests themselves, run here on this module's ``spec_renderer``.
 from .test_special_token_families import (
-    PARALLEL,
-    TRAJECTORIES,
     Sampler,
     Spec,
     _args,
     _dumps,
     miles_template,
     mt,
-    replay,
+    test_canonical_sampling_splices_exactly_and_equals_the_whole_render,  # noqa: F401
+    test_detection_finds_each_family,  # noqa: F401
+    test_non_canonical_sampling_still_extends_exactly,  # noqa: F401
 )
 
 GLM_SPECIALS = (
@@ -245,42 +246,10 @@ def build_tokenizer(key: str) -> Any:
 
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
-def keyed_renderer(request: pytest.FixtureRequest) -> tuple[Spec, Renderer]:
+def spec_renderer(request: pytest.FixtureRequest) -> tuple[Spec, Renderer]:
+    """The fixture the imported tests above run on here: this module's families."""
     spec, _ = SPECS[request.param]
     return spec, Renderer(build_tokenizer(request.param), get_family(spec.family))
-
-
-def _skip_unsupported(spec: Spec, renderer: Renderer, trajectory: Any) -> None:
-    if not renderer.family.features.parallel_tool_calls and trajectory in PARALLEL:
-        pytest.skip(f"{spec.family} renders one call per turn")
-
-
-@pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=lambda t: t.__name__)
-def test_canonical_sampling_splices_exactly_and_equals_the_whole_render(
-    keyed_renderer: tuple[Spec, Renderer], trajectory: Any
-) -> None:
-    spec, renderer = keyed_renderer
-    _skip_unsupported(spec, renderer, trajectory)
-    session = replay(spec, renderer, trajectory, canonical=True)
-    assert session.spliced + session.rendered_whole_by_policy >= 1
-    if spec.whole_equals_splice:
-        assert session.whole_mismatches == []
-
-
-@pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=lambda t: t.__name__)
-def test_non_canonical_sampling_still_extends_exactly(
-    keyed_renderer: tuple[Spec, Renderer], trajectory: Any
-) -> None:
-    spec, renderer = keyed_renderer
-    _skip_unsupported(spec, renderer, trajectory)
-    session = replay(spec, renderer, trajectory, canonical=False)
-    assert session.spliced + session.rendered_whole_by_policy >= 1
-
-
-def test_detection_finds_each_family(keyed_renderer: tuple[Spec, Renderer]) -> None:
-    spec, renderer = keyed_renderer
-    found = detect_family(renderer.tokenizer)
-    assert found is not None and found.name == spec.family
 
 
 def renderer_for(key: str, **overrides: Any) -> Renderer:

@@ -1,24 +1,18 @@
-"""Qwen3-Next and Qwen3-Thinking-2507: always thinking (the generation prompt opens
-``<think>``), ``<tool_call>`` JSON calls; reasoning before the latest user query is dropped by
-the template, hence ``reasoning_history: drop``."""
+"""Qwen3-Next and Qwen3-Thinking-2507: Qwen3's format, always thinking (the generation prompt
+opens ``<think>``, so the sampled turn starts inside the thought)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from polar.rendering.families.base import Family, Features, has_special, template_has
+from polar.rendering.families.base import template_has
+from polar.rendering.families.qwen3 import Qwen3Family
 
 
-class Qwen3NextFamily(Family):
+class Qwen3NextFamily(Qwen3Family):
     name = "qwen3_next"
-    tool_parser = "qwen3"
-    turn_ends = ("<|im_end|>",)
-    reasoning_history = "drop"
-    features = Features(reasoning=True)
 
     def matches(self, tokenizer: Any) -> bool:
-        return (
-            has_special(tokenizer, "<|im_start|>", "<tool_call>", "<think>")
-            and template_has(tokenizer, "<tool_call>", "'<|im_start|>assistant\\n<think>\\n'")
-            and not template_has(tokenizer, "<function=")
+        return super().matches(tokenizer) and template_has(
+            tokenizer, "'<|im_start|>assistant\\n<think>\\n'"
         )
