@@ -9,6 +9,7 @@ session's unique tokens and total captured prompt tokens, and completions per tr
 
     python bench/builders.py            # full grid, markdown table on stdout
     python bench/builders.py --quick    # 10 and 50 turns only
+    python bench/builders.py --smoke    # 10 turns at 8k, once: seconds (CI)
 """
 
 from __future__ import annotations
@@ -100,17 +101,21 @@ def measure(strategy: str, records: list[CaptureRecord], repeats: int) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 and 50 turns only")
+    parser.add_argument("--smoke", action="store_true", help="10 turns at 8k, once (CI)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
-    turn_grid = (10, 50) if args.quick else (10, 50, 200)
+    turn_grid = (10,) if args.smoke else (10, 50) if args.quick else (10, 50, 200)
+    contexts = (8192,) if args.smoke else (8192, 32768)
+    if args.smoke:
+        args.repeats = 1
     rows = []
     print(
         "| turns | context | prompt tokens | unique tokens | builder | build s | peak MiB "
         "| traces | calls/trace |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for context in (8192, 32768):
+    for context in contexts:
         for turns in turn_grid:
             records = session(turns, context)
             prompt_tokens = sum(len(r.prompt_ids) for r in records)

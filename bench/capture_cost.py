@@ -13,7 +13,7 @@ records are built before the clock starts). ``--synchronous FULL`` measures the 
 mode; the default is NORMAL.
 
 Run from the repository root: ``.venv/bin/python bench/capture_cost.py`` (about 2 minutes),
-``--quick`` for fewer records. Markdown on stdout.
+``--quick`` for fewer records, ``--smoke`` for one tiny cell per mode (seconds, CI). Markdown on stdout.
 """
 
 from __future__ import annotations
@@ -110,8 +110,11 @@ def main() -> None:
     parser.add_argument("--bodies", nargs="+", default=list(SIZES))
     parser.add_argument("--sessions", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--repeat", type=int, default=5, help="best of N runs per cell")
+    parser.add_argument("--smoke", action="store_true", help="one tiny cell per mode (CI)")
     args = parser.parse_args()
     turns = 10 if args.quick else 30  # per session; a lone session runs 4x as many
+    if args.smoke:
+        turns, args.bodies, args.sessions, args.repeat = 1, ["pi"], [1, 2], 1
     print(
         "| body | sessions | records | synchronous | wall ms/record | p50 ms | p99 ms "
         "| CPU ms/record | DB KB/record |"

@@ -15,6 +15,7 @@
 
     python bench/engine.py                    # SmolLM2-135M-Instruct, 2 threads
     python bench/engine.py --model tiny --quick
+    python bench/engine.py --smoke            # tiny model, tiny sizes: seconds (CI)
 """
 
 from __future__ import annotations
@@ -230,8 +231,12 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=32)
     parser.add_argument("--session-repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1 repeat, 5 turns")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, tiny sizes (CI)")
     args = parser.parse_args()
-    if args.quick:
+    if args.smoke:
+        args.model, args.prompt_tokens, args.decode_tokens, args.gen_tokens = "tiny", 32, 4, 4
+        args.repeats, args.session_repeats, args.turns = 1, 1, 2
+    elif args.quick:
         args.repeats, args.session_repeats, args.turns = 1, 1, 5
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]

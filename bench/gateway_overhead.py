@@ -26,7 +26,8 @@ token-id flags. Install it apart from Polar's dependencies:
 
 Run from the repository root: ``.venv/bin/python bench/gateway_overhead.py`` (the full run took
 27 min on 2 shared cores, most of it LiteLLM's cells; ``--quick``, 1 and 32 sessions with few
-calls, under 3 min). The markdown report goes to stdout; ``--keep`` keeps logs and the capture
+calls, under 3 min; ``--smoke``, every provider and stream mode once in tiny cells, what CI
+runs). The markdown report goes to stdout; ``--keep`` keeps logs and the capture
 DB (about 45 KB per Claude-Code-sized call).
 """
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -119,9 +121,9 @@ def wait_healthy(
     raise RuntimeError(f"{name} did not become healthy on port {port}:\n{log.read_text()[-3000:]}")
 
 
-async def post_json(port: int, path: str, body: bytes) -> Any:
+async def post_json(port: int, path: str, body: bytes, headers: dict[str, str]) -> Any:
     conn = Connection(HOST, port)
-    status, reply = await conn.request(encode_request("POST", HOST, path, body, {}))
+    status, reply = await conn.request(encode_request("POST", HOST, path, body, headers))
     await conn.close()
     if status >= 300:
         raise RuntimeError(f"POST {path}: HTTP {status}: {reply[:500]!r}")
@@ -265,7 +267,11 @@ class Bench:
     async def polar(self, port: int, pid: int, loads: list[Load]) -> list[Row]:
         body = b'{"metadata":{"bench":true}}'
         n_keys = max(load.sessions for load in loads)
-        keys = [(await post_json(port, "/polar/sessions", body))["api_key"] for _ in range(n_keys)]
+        admin = {"x-polar-admin-token": self.args.admin_token}  # the control API needs it
+        keys = [
+            (await post_json(port, "/polar/sessions", body, admin))["api_key"]
+            for _ in range(n_keys)
+        ]
         rows = []
         for load in loads:
             directs: dict[tuple[str, str], CellResult] = {}
@@ -381,12 +387,17 @@ def report(args: argparse.Namespace, polar: list[Row], litellm: list[Row]) -> st
 async def measure(args: argparse.Namespace, cases: dict[CaseKey, Case], work: Path) -> str:
     engine_port, gateway_port = free_port(), free_port()
     env = os.environ | {"PYTHONPATH": str(ROOT / "src")}
-    engine_argv = [sys.executable, "bench/_fake_engine.py", "--port", str(engine_port)]
+    engine_argv = [
+        sys.executable,
+        str(ROOT / "bench" / "_fake_engine.py"),
+        "--port",
+        str(engine_port),
+    ]
     gateway_argv = [
         sys.executable, "-m", "polar.cli.main", "serve-gateway",
         "--engine", "vllm", "--engine-url", f"http://{HOST}:{engine_port}",
         "--served-model", SERVED_MODEL, "--port", str(gateway_port),
-        "--capture-db", str(work / "captures.db"),
+        "--capture-db", str(work / "captures.db"), "--admin-token", args.admin_token,
     ]  # fmt: skip
     loads = [Load(n) for n in args.concurrency] + args.paced
     started = time.monotonic()
@@ -446,8 +457,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20, help="unmeasured calls per cell")
     p.add_argument("--no-litellm", dest="litellm", action="store_false")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, capture DB)")
+    p.add_argument("--smoke", action="store_true", help="every path once, tiny cells (CI, ~20 s)")
     args = p.parse_args(argv)
-    if args.quick:
+    args.admin_token = secrets.token_urlsafe(24)
+    if args.smoke:
+        args.concurrency, args.paced, args.bodies, args.litellm = "2", "2:50", "pi", False
+        args.min_requests, args.per_session, args.max_seconds = 4, 1, 2.0
+        args.paced_seconds, args.warmup = 0.5, 1
+    elif args.quick:
         args.concurrency, args.paced = "1,32", "32:1000"
         args.min_requests, args.per_session, args.max_seconds = 50, 1, 4.0
         args.paced_seconds, args.warmup = 2.0, 10

@@ -9,6 +9,7 @@ pass rate rises by more than the noise: the spread of the same measurement betwe
     python bench/learning.py                          # 2 runs of the bundled config
     python bench/learning.py --runs 3 --steps 20 --out bench-results/learning
     python bench/learning.py --quick                  # tiny model, plumbing only
+    python bench/learning.py --smoke                  # the same, smaller: what CI runs
     python bench/learning.py --runs 3 --report-only   # re-summarise finished runs
 
 Writes ``<out>/summary.json``, every run's metrics and reward curve under ``<out>/seed-N/``,
@@ -21,6 +22,7 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +47,15 @@ def main() -> None:
     parser.add_argument("--out", default="bench-results/learning")
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 steps (plumbing)")
     parser.add_argument(
+        "--smoke", action="store_true", help="one run, tiny model, 1 step, 2 eval tasks (CI)"
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="summarise the runs already in --out"
     )
     args = parser.parse_args()
+    if args.smoke:
+        args.quick, args.runs, args.seeds, args.eval_tasks = True, 1, None, 2
+        args.out = tempfile.mkdtemp(prefix="polar-bench-learning-")
 
     torch.set_num_threads(args.threads)
     base = load_config(args.config)
@@ -65,7 +73,7 @@ def main() -> None:
         if args.eval_tasks is not None:
             update["eval"] = base.eval.model_copy(update={"tasks": args.eval_tasks})
         if args.quick:
-            update.update(model="tiny", steps=2)
+            update.update(model="tiny", steps=1 if args.smoke else 2)
         config = base.model_copy(update=update)
         if not args.report_only:
             EmbeddedTrainer(config, echo=print).run(resume=args.resume)

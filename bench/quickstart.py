@@ -16,6 +16,7 @@ to compare against; any other arguments go to ``polar quickstart``.
 
     python bench/quickstart.py --runs 3
     python bench/quickstart.py --runs 3 --src /tmp/before/src -- --runtime local
+    python bench/quickstart.py --smoke     # one tiny run: what CI runs
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 POLAR = Path(sys.executable).with_name("polar")
+SMOKE = ["--model", "tiny", "--tasks", "1", "--samples", "2"]
+SMOKE += ["--max-turns", "1", "--max-tokens", "8"]
 
 
 def run_once(out: Path, src: str | None, extra: list[str]) -> dict[str, Any]:
@@ -99,7 +103,13 @@ def main() -> None:
     parser.add_argument("--src", default=None, help="run this source tree (PYTHONPATH)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/polar-bench-quickstart"))
     parser.add_argument("extra", nargs="*", help="arguments for polar quickstart (after --)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one run: tiny model, 1 task x 2 sessions (CI)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.out = 1, Path(tempfile.mkdtemp(prefix="polar-bench-quickstart-"))
+        args.extra = [*SMOKE, *args.extra]
     rows = []
     for index in range(args.runs):
         row = run_once(args.out / f"run-{index}", args.src, args.extra)

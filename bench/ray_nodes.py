@@ -8,6 +8,7 @@ so other load on the machine counts too), and the scheduler's share: time from s
 every session is acknowledged by a node, and the sessions' median ``queued`` time.
 
     python bench/ray_nodes.py --nodes 1 2 --sessions 16
+    python bench/ray_nodes.py --smoke        # 1 node, 2 sessions, 1 round (CI)
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="1 node, 2 sessions, 1 round (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.nodes, args.sessions, args.rounds = [1], 2, 1
     for nodes in args.nodes:
         print(json.dumps(run(nodes, args.sessions, args.rounds)), flush=True)
 

@@ -8,12 +8,14 @@ how many merged calls saw exactly the trace's context according to the TAP (not 
 and the gateway process's CPU per call.
 
     python bench/render_modes.py --engine-url http://127.0.0.1:8000 --sessions 6 --turns 5
+    python bench/render_modes.py --smoke      # the scripted engine, one short session (CI)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
@@ -30,6 +32,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polar.capture.store import CaptureStore
+from polar.engines.model_files import load_tokenizer
+from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.engine_check import BASH_TOOL, SYSTEM
@@ -195,14 +199,30 @@ def _tolerant() -> PrefixMergingBuilder:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--engine-url", required=True)
+    parser.add_argument("--engine-url", help="a vLLM or SGLang server (required but for --smoke)")
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--modes", nargs="+", default=["engine", "gateway"])
+    parser.add_argument(
+        "--smoke", action="store_true", help="the scripted engine, 1 session of 2 turns (CI)"
+    )
     args = parser.parse_args()
-    for mode in args.modes:
-        result = asyncio.run(run_mode(args.engine_url, mode, args.sessions, args.turns))
-        print(json.dumps(result))
+    if not args.smoke and not args.engine_url:
+        parser.error("--engine-url is required (or --smoke)")
+    with contextlib.ExitStack() as stack:
+        if args.smoke:
+            args.sessions, args.turns = 1, 2
+            args.engine_url = stack.enter_context(scripted_engine()).url
+        for mode in args.modes:
+            result = asyncio.run(run_mode(args.engine_url, mode, args.sessions, args.turns))
+            print(json.dumps(result))
+
+
+def scripted_engine() -> BackgroundServer:
+    """Polar's scripted engine (SmolLM2's tokenizer, vLLM's token fields) on a loopback port:
+    what ``--smoke`` runs against instead of a real engine."""
+    backend = ScriptedBackend(Script(), tokenizer=load_tokenizer())
+    return BackgroundServer(create_scripted_app(backend))
 
 
 if __name__ == "__main__":

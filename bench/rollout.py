@@ -13,6 +13,7 @@
 
     python bench/rollout.py             # ~1 min
     python bench/rollout.py --quick     # fewer sessions
+    python bench/rollout.py --smoke     # 16 sessions: seconds (CI)
 """
 
 from __future__ import annotations
@@ -225,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.025, help="seconds per model call")
     parser.add_argument("--start-ratio", type=float, default=2.0, help="runtime start / run")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="16 sessions, 50 scheduled (CI)")
     args = parser.parse_args(argv)
-    sessions = 120 if args.quick else args.sessions
+    sessions = 16 if args.smoke else 120 if args.quick else args.sessions
     run_s = args.calls * args.latency
     start_s = args.start_ratio * run_s
     # Enough INIT workers (and READY slots, which bound runtimes prepared ahead) to prepare
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(pools(ready_buffer=init_workers, init_workers=init_workers, **common)),
         asyncio.run(pools(ready_buffer=0, init_workers=1, **common)),
     ]
-    sched = [asyncio.run(scheduler(1000, 8))]
+    sched = [asyncio.run(scheduler(50 if args.smoke else 1000, 8))]
     if args.json:
         json.dump({"pools": rows, "scheduler": sched}, sys.stdout, indent=2)
         print()

@@ -17,6 +17,7 @@ machine noise only ever adds time) with the spread shown.
 
     python bench/shared_prefill.py                 # SmolLM2-135M-Instruct, 1 thread
     python bench/shared_prefill.py --model tiny --repeats 1
+    python bench/shared_prefill.py --smoke         # tiny model, 2 requests: seconds (CI)
 """
 
 from __future__ import annotations
@@ -142,7 +143,10 @@ def main() -> None:
         help="sentences added to the system prompt (100: ~1.6k-token prompts, several "
         "prefill chunks, as with Pi's stock prompt)",
     )  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="tiny model, 2 requests (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.tasks, args.samples, args.tokens, args.repeats = "tiny", 1, 2, 2, 1
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     conversations = group(args.tasks, args.samples, args.pad)

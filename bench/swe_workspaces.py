@@ -11,6 +11,7 @@ grading it afterwards, on the bundled tasks in bubblewrap.
 
     python bench/swe_workspaces.py            # ~1 min
     python bench/swe_workspaces.py --repeat 3
+    python bench/swe_workspaces.py --smoke    # one task, once (CI)
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ async def grade(
     return elapsed
 
 
-async def main_async(repeat: int) -> dict[str, list[float]]:
+async def main_async(repeat: int, tasks: int | None = None) -> dict[str, list[float]]:
+    """Each bundled task (the first ``tasks`` of them) ``repeat`` times."""
     times: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "start", "gold", "empty")}
     with tempfile.TemporaryDirectory(prefix="polar-bench-swe-") as tmp:
         root = Path(tmp)
@@ -94,7 +96,7 @@ async def main_async(repeat: int) -> dict[str, list[float]]:
             runtime="bubblewrap", repos={k: str(v) for k, v in bundles.items()}
         )
         for r in range(repeat):
-            for instance in bundled_instances():
+            for instance in bundled_instances()[:tasks]:
                 bundle = bundles[instance.repo]
                 cache = root / f"cache-{r}-{instance.instance_id}"
                 fetch = partial(checkout, str(bundle), instance.base_commit, cache)
@@ -116,11 +118,12 @@ async def main_async(repeat: int) -> dict[str, list[float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="one task, once (CI)")
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         print("bubblewrap is not installed", file=sys.stderr)
         return 1
-    times = asyncio.run(main_async(args.repeat))
+    times = asyncio.run(main_async(1 if args.smoke else args.repeat, 1 if args.smoke else None))
     labels = {
         "cold": "checkout, cold cache",
         "warm": "checkout, cached",

@@ -14,6 +14,7 @@ and logprobs) is finished on a real rollout server (SQLite store, uvicorn on loo
 
     python bench/task_status.py            # ~1 min
     python bench/task_status.py --quick
+    python bench/task_status.py --smoke    # 2 small sessions: seconds (CI)
 """
 
 from __future__ import annotations
@@ -89,11 +90,16 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="2 small sessions, 2 reads (CI)")
     args = parser.parse_args()
     samples, reads = (16, 5) if args.quick else (args.samples, 20)
+    if args.smoke:
+        samples, reads, args.tokens = 2, 2, 256
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        config = RolloutServerConfig(data_dir=Path(tmp))
+        # auth off (loopback only): the results are posted here, not by the nodes they would
+        # have been dispatched to, which is all auth would let through.
+        config = RolloutServerConfig(data_dir=Path(tmp), auth=False)
         app = create_rollout_app(config)
         service = app.state.service
 

@@ -10,6 +10,7 @@ shape (model calls per session and per trace, merge breaks), and wall time per s
     python bench/tool_use.py --runs 3 --out bench-results/tool-use
     python bench/tool_use.py --runs 1 --steps 2 --eval-tasks 6     # a short look
     python bench/tool_use.py --quick                                # tiny model, plumbing
+    python bench/tool_use.py --smoke                                # smaller still (CI)
     python bench/tool_use.py --runs 3 --report-only                 # re-summarise
 
 Writes ``<out>/summary.json``, ``<out>/tool_use.png`` and every run's files under
@@ -23,6 +24,7 @@ import json
 import math
 import resource
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +45,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--out", default="bench-results/tool-use")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 step (plumbing)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one run, tiny model, 2 tasks per phase (CI)"
+    )
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
     args = parser.parse_args()
+    if args.smoke:
+        args.quick, args.runs, args.seeds, args.eval_tasks, args.sft_tasks = True, 1, None, 2, 2
+        args.out = tempfile.mkdtemp(prefix="polar-bench-tool-use-")
 
     base = load_config(args.config)
     out = Path(args.out)
