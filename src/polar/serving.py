@@ -108,12 +108,13 @@ def serve(
 def uvicorn_settings(limits: ServerLimits) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that apply ``limits`` (the
     process's soft descriptor limit raised first: see :func:`raise_descriptor_limit`)."""
-    cap = connection_cap(limits, raise_descriptor_limit())
+    descriptors = raise_descriptor_limit()
+    cap = connection_cap(limits, descriptors)
     return {
         "http": guarded_protocol(limits, cap),
         "timeout_keep_alive": limits.keep_alive_s,
         "h11_max_incomplete_event_size": limits.max_header_bytes,
-        "backlog": accept_burst(limits, raise_descriptor_limit(), cap),
+        "backlog": accept_burst(limits, descriptors, cap),
     }
 
 
