@@ -14,6 +14,65 @@ class TrajectoryStatus(StrEnum):
     ERROR = "ERROR"
 
 
+class TraceKind(StrEnum):
+    """Why a trace exists in its session's tree."""
+
+    MAIN = "main"
+    SUBAGENT = "subagent"
+    COMPACTION = "compaction"
+    RETRY = "retry"
+    BRANCH = "branch"
+
+
+class TraceLineage(BaseModel):
+    """Where a trace sits in its session's tree (see docs/trajectories.md, "Session trees")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: TraceKind
+    parent_trace: int | None = Field(
+        default=None,
+        description="Index in the trajectory's traces of the trace holding parent_call.",
+    )
+    parent_call: str | None = Field(
+        default=None, description="Completion id of the call this trace's first call branched from."
+    )
+    reason: str = Field(description="The evidence for ``kind`` (e.g. 'summary_marker').")
+
+
+class MaskReason(StrEnum):
+    """Why sampled tokens carry loss mask 0."""
+
+    RETRY_ABANDONED = "retry_abandoned"
+    STALE = "stale"
+    ABORTED = "aborted"
+    MULTIPLE_POLICY_VERSIONS = "multiple_policy_versions"
+
+
+class MaskSpan(BaseModel):
+    """Sampled response tokens ``[start, end)`` of one call masked out of the loss, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    reason: MaskReason
+    completion_id: str | None = None
+
+
+class TurnReward(BaseModel):
+    """A per-turn score aligned with one call's sampled tokens ``[start, end)`` in the response."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    reward: float
+    source: str = Field(description="The turn-reward hook that scored it.")
+    completion_id: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
 class Trace(BaseModel):
     """One trainable sequence: a prompt, and a response with a loss mask over it."""
 
@@ -30,6 +89,11 @@ class Trace(BaseModel):
     tools: list[dict[str, Any]] = Field(default_factory=list)
     finish_reason: str | None = None
     reward: float | None = None
+    lineage: TraceLineage | None = None
+    masked: list[MaskSpan] = Field(
+        default_factory=list, description="Sampled spans with loss mask 0, each with its reason."
+    )
+    turn_rewards: list[TurnReward] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -43,6 +107,10 @@ class Trace(BaseModel):
             raise ValueError(
                 f"response_logprobs has {len(self.response_logprobs)} entries for {n} response ids"
             )
+        spans: list[MaskSpan | TurnReward] = [*self.masked, *self.turn_rewards]
+        for span in spans:
+            if not span.start <= span.end <= n:
+                raise ValueError(f"span [{span.start}, {span.end}) outside the {n} response ids")
         return self
 
 

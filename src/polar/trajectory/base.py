@@ -18,7 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from polar.capture.records import CaptureRecord
 from polar.engines.types import FLAG_ABORTED
 from polar.errors import ConfigError
-from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
+from polar.schemas.trajectory import (
+    MaskReason,
+    MaskSpan,
+    Trace,
+    TraceLineage,
+    Trajectory,
+    TrajectoryStatus,
+)
+from polar.trajectory.lineage import SessionTree, learn_eot, session_tree
 from polar.trajectory.template_repair import RULES
 
 SIDE_CALL_TAG = "side_call:"
@@ -74,6 +82,12 @@ class BuilderConfig(BaseModel):
         default=True,
         description="Whether traces whose calls span several policy versions keep their mask.",
     )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="Mask (reason 'stale') the sampled ids of calls whose policy version is "
+        "older than the current version minus this; unset: no call is stale.",
+    )
 
     @field_validator("template_repair")
     @classmethod
@@ -110,6 +124,21 @@ class Segment:
     drift_tokens: int = 0
     repaired_steps: int = 0
     repaired_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class _Masking:
+    """Session-wide facts a trace's mask depends on: retried attempts and staleness."""
+
+    tree: SessionTree
+    current_version: int | None
+    max_staleness: int | None
+
+    def stale(self, record: CaptureRecord) -> bool:
+        if self.max_staleness is None or self.current_version is None:
+            return False
+        version = record.policy_version
+        return version is not None and version < self.current_version - self.max_staleness
 
 
 @dataclass
@@ -168,7 +197,14 @@ class Builder(ABC):
             ]
         else:
             excluded = [r.completion_id for r in side]
-        traces = [self._trace(s) for s in segments]
+        eot = grouping.metadata.get("eot_token_id")
+        tree = session_tree(agent, eot if isinstance(eot, int) else learn_eot(agent))
+        current = (metadata or {}).get("policy_version")
+        if not isinstance(current, int):
+            current = max(_versions(calls), default=None)
+        masking = _Masking(tree, current, self.config.max_staleness)
+        traces = [self._trace(s, masking) for s in segments]
+        _link(traces, segments, tree)
         in_traces = sum(len(s.records) for s in segments)
         if in_traces + len(excluded) != len(calls):
             raise AssertionError(
@@ -178,6 +214,7 @@ class Builder(ABC):
             **base_meta,
             **grouping.metadata,
             **_totals(segments, traces),
+            "policy_version": current,
             "num_calls": len(calls),
             "calls_in_traces": in_traces,
             "excluded_side_calls": excluded,
@@ -190,7 +227,7 @@ class Builder(ABC):
             )
         return Trajectory(status=status, traces=traces, metadata=meta)
 
-    def _trace(self, seg: Segment) -> Trace:
+    def _trace(self, seg: Segment, masking: _Masking) -> Trace:
         response: list[int] = []
         mask: list[int] = []
         logprobs: list[float] | None = []
@@ -208,8 +245,9 @@ class Builder(ABC):
                     logprobs += [0.0] * len(inter)
                     logprobs += rec.logprobs
         untrainable = self._untrainable_reasons(seg.records)
-        if untrainable:
-            mask = [0] * len(mask)
+        masked = _mask_spans(seg.records, starts, untrainable, masking)
+        for span in masked:
+            mask[span.start : span.end] = [0] * (span.end - span.start)
         first, last = seg.records[0], seg.records[-1]
         inexact = inexact_contexts(first.prompt_ids, response, seg.records, starts)
         if inexact and self.config.context == "exact":
@@ -226,12 +264,14 @@ class Builder(ABC):
             response_messages=_response_messages(seg.records),
             tools=list(first.upstream_request.get("tools") or []),
             finish_reason=last.finish_reason,
+            masked=masked,
             metadata={
                 **self._trace_metadata(seg, untrainable, inexact),
                 "call_spans": [
                     [start, start + len(rec.sampled_ids)]
                     for rec, start in zip(seg.records, starts, strict=True)
                 ],
+                "call_versions": [rec.policy_version for rec in seg.records],
             },
         )
 
@@ -303,6 +343,43 @@ def is_aborted(record: CaptureRecord) -> bool:
     return FLAG_ABORTED in record.flags or record.finish_reason == ABORT_FINISH_REASON
 
 
+def _mask_spans(
+    records: list[CaptureRecord], starts: list[int], untrainable: list[str], masking: _Masking
+) -> list[MaskSpan]:
+    """Each call's sampled span masked out of the loss, once per reason that applies."""
+    spans = []
+    for rec, start in zip(records, starts, strict=True):
+        reasons = [MaskReason(r) for r in untrainable]
+        if rec.completion_id in masking.tree.abandoned:
+            reasons.append(MaskReason.RETRY_ABANDONED)
+        if masking.stale(rec):
+            reasons.append(MaskReason.STALE)
+        end = start + len(rec.sampled_ids)
+        spans += [
+            MaskSpan(start=start, end=end, reason=r, completion_id=rec.completion_id)
+            for r in reasons
+        ]
+    return spans
+
+
+def _link(traces: list[Trace], segments: list[Segment], tree: SessionTree) -> None:
+    """Each agent trace's lineage: its first call's link, its parent call's trace."""
+    holder = {r.completion_id: i for i, s in enumerate(segments) for r in s.records}
+    for trace, seg in zip(traces, segments, strict=True):
+        link = tree.links.get(seg.records[0].completion_id)
+        if link is None:  # side calls are outside the tree
+            continue
+        reason = link.reason
+        if seg.break_reason is not None and link.relation.value in ("continues", "rewrites"):
+            reason = seg.break_reason
+        trace.lineage = TraceLineage(
+            kind=link.kind,
+            parent_trace=holder.get(link.parent) if link.parent is not None else None,
+            parent_call=link.parent,
+            reason=reason,
+        )
+
+
 def _versions(records: list[CaptureRecord]) -> list[int]:
     return sorted({r.policy_version for r in records if r.policy_version is not None})
 
@@ -327,6 +404,11 @@ def _response_messages(records: list[CaptureRecord]) -> list[dict[str, Any]]:
 def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
     breaks = Counter(s.break_reason for s in segments if s.break_reason is not None)
     merged = [s for s in segments if s.side_call is None]
+    masked: Counter[str] = Counter()
+    for t in traces:
+        for span in t.masked:
+            masked[span.reason.value] += span.end - span.start
+    kinds = Counter(t.lineage.kind.value for t in traces if t.lineage is not None)
     return {
         "num_traces": len(traces),
         "num_chains": len({s.chain_index for s in segments}),
@@ -342,4 +424,6 @@ def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
         "merged_calls": sum(int(t.metadata["merged_calls"]) for t in traces),
         "context_exact_calls": sum(int(t.metadata["context_exact_calls"]) for t in traces),
         "untrainable_traces": sum(1 for t in traces if not t.metadata["trainable"]),
+        "masked_tokens": dict(sorted(masked.items())),
+        "trace_kinds": dict(sorted(kinds.items())),
     }

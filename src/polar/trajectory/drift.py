@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polar.trajectory.base import BREAK_NO_END_OF_TURN, BREAK_SPLIT_FAILURE
+from polar.trajectory.lineage import common_prefix
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,3 @@ def shared_edges(a: np.ndarray, b: np.ndarray) -> int:
         return limit
     tail = common_prefix(a[::-1][: limit - head], b[::-1][: limit - head])
     return head + tail
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two token arrays (vectorized)."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n

@@ -31,10 +31,9 @@ from polar.trajectory.base import (
     Grouping,
     Segment,
 )
-from polar.trajectory.drift import SplitError, common_prefix, split_turn
+from polar.trajectory.drift import SplitError, split_turn
+from polar.trajectory.lineage import common_prefix, learn_eot
 from polar.trajectory.template_repair import PromptView, RepairTokens, TemplateRepair
-
-NATURAL_STOPS = ("stop", "tool_calls")
 
 
 class PrefixMergingBuilder(Builder):
@@ -70,14 +69,6 @@ class PrefixMergingBuilder(Builder):
                 "template_repair": list(self.config.template_repair),
             },
         )
-
-
-def learn_eot(calls: list[CaptureRecord]) -> int | None:
-    """The last sampled id of the first call that stopped on its own (not on length)."""
-    for record in calls:
-        if record.finish_reason in NATURAL_STOPS and record.sampled_ids:
-            return record.sampled_ids[-1]
-    return None
 
 
 @dataclass

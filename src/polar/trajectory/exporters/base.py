@@ -77,6 +77,19 @@ def trace_extras(trace: Trace) -> dict[str, Any]:
         "tools": trace.tools,
         "finish_reason": trace.finish_reason,
         "metadata": trace.metadata,
+        **credit_fields(trace),
+    }
+
+
+CREDIT_COLUMNS = ("lineage", "masked", "turn_rewards")
+
+
+def credit_fields(trace: Trace) -> dict[str, Any]:
+    """Lineage, mask reasons and per-turn rewards as JSON values (read back by trace_from)."""
+    return {
+        "lineage": trace.lineage.model_dump(mode="json") if trace.lineage else None,
+        "masked": [span.model_dump(mode="json") for span in trace.masked],
+        "turn_rewards": [turn.model_dump(mode="json") for turn in trace.turn_rewards],
     }
 
 
@@ -100,4 +113,7 @@ def trace_from(
         tools=list(extras.get("tools") or []),
         finish_reason=extras.get("finish_reason"),
         metadata=dict(extras.get("metadata") or {}),
+        lineage=extras.get("lineage"),
+        masked=list(extras.get("masked") or []),
+        turn_rewards=list(extras.get("turn_rewards") or []),
     )

@@ -15,9 +15,16 @@ import orjson
 
 from polar.extras import require
 from polar.schemas.trajectory import Trace, Trajectory
-from polar.trajectory.exporters.base import Exporter, trace_from
+from polar.trajectory.exporters.base import CREDIT_COLUMNS, Exporter, credit_fields, trace_from
 
-JSON_COLUMNS = ("prompt_messages", "response_messages", "tools", "metadata", "session")
+JSON_COLUMNS = (
+    "prompt_messages",
+    "response_messages",
+    "tools",
+    "metadata",
+    "session",
+    *CREDIT_COLUMNS,
+)
 
 
 def _pyarrow() -> Any:
@@ -63,6 +70,7 @@ class ParquetExporter(Exporter):
             "tools": _json(trace.tools),
             "metadata": _json(trace.metadata),
             "session": _json(dict(session)),
+            **{name: _json(value) for name, value in credit_fields(trace).items()},
         }
 
     def trace(self, row: Mapping[str, Any]) -> Trace:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar.schemas.trajectory import Trace
-from polar.trajectory.exporters.base import Exporter, trace_from
+from polar.trajectory.exporters.base import CREDIT_COLUMNS, Exporter, credit_fields, trace_from
 
 
 class SFTExporter(Exporter):
@@ -28,6 +28,7 @@ class SFTExporter(Exporter):
             "finish_reason": trace.finish_reason,
             "reward": trace.reward,
             "metadata": trace.metadata,
+            **credit_fields(trace),
             "session": dict(session),
         }
 
@@ -40,6 +41,7 @@ class SFTExporter(Exporter):
             "tools": row["tools"],
             "finish_reason": row["finish_reason"],
             "metadata": row["metadata"],
+            **{name: row.get(name) for name in CREDIT_COLUMNS},
         }
         ids = row["input_ids"]
         return trace_from(

@@ -1,0 +1,214 @@
+"""The session tree: how each captured call relates to the calls before it.
+
+Builders decide how calls merge into traces; this module decides, from the calls alone, why
+each call exists, so every builder labels its traces the same way. A call's parent is the earlier
+call whose prompt shares the longest token prefix with its prompt (ties: the one whose reply the
+prompt re-renders, then the latest). From that prefix relation:
+
+- it extends the parent's prompt: the same agent goes on (``continues``);
+- its prompt equals (or ends within) the parent's: a second attempt; a ``retry`` when the first
+  attempt was abandoned (no later call continues it; its sampled ids are then masked), else a
+  parallel ``branch``;
+- it diverges after the parent's agent's first messages: that agent's history was rewritten;
+- it diverges earlier (at most the system prompt shared): a new agent: a ``compaction`` when
+  its messages carry a summary marker, else a ``subagent`` (Claude Code's sub-agent system
+  prompt is named as the evidence when present).
+
+Cost: every prompt is compared with every earlier one (one vectorized comparison each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from polar.capture.records import CaptureRecord
+from polar.schemas.trajectory import TraceKind
+
+NATURAL_STOPS = ("stop", "tool_calls")
+
+# Phrases harnesses put at the head of a compacted conversation (lower case).
+COMPACTION_MARKERS = (
+    "continued from a previous conversation",  # Claude Code's compacted session
+    "produced a summary of its thinking",  # Codex's compaction summary prefix
+    "summary of the conversation so far",
+    "conversation summary",
+)
+CLAUDE_CODE_SUBAGENT = "You are an agent for Claude Code"
+
+
+class Relation(StrEnum):
+    FIRST = "first"
+    CONTINUES = "continues"
+    REWRITES = "rewrites"
+    RETRY = "retry"
+    BRANCH = "branch"
+    NEW_AGENT = "new_agent"
+
+
+@dataclass(frozen=True)
+class CallLink:
+    """One call's place in the tree: its parent call, how it relates, its agent's role."""
+
+    parent: str | None
+    relation: Relation
+    role: TraceKind
+    reason: str
+
+    @property
+    def kind(self) -> TraceKind:
+        """The trace kind a trace starting at this call gets."""
+        if self.relation is Relation.RETRY:
+            return TraceKind.RETRY
+        if self.relation is Relation.BRANCH:
+            return TraceKind.BRANCH
+        return self.role
+
+
+@dataclass(frozen=True)
+class SessionTree:
+    links: dict[str, CallLink]
+    abandoned: frozenset[str]
+    """Completion ids of attempts a retry replaced (their sampled ids are masked)."""
+
+
+def learn_eot(calls: Sequence[CaptureRecord]) -> int | None:
+    """The last sampled id of the first call that stopped on its own (not on length)."""
+    for record in calls:
+        if record.finish_reason in NATURAL_STOPS and record.sampled_ids:
+            return record.sampled_ids[-1]
+    return None
+
+
+def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree:
+    """Link every call (time order) to its parent; see the module docstring for the rules."""
+    prompts = [np.asarray(c.prompt_ids, dtype=np.int64) for c in calls]
+    parents = [_parent(i, calls, prompts) for i in range(len(calls))]
+    continued = {
+        p
+        for i, (p, shared) in enumerate(parents)
+        if p is not None and shared == len(prompts[p]) < len(prompts[i])
+    }
+    links: dict[str, CallLink] = {}
+    roots: list[int] = []
+    abandoned: set[str] = set()
+    for i, (call, (p, shared)) in enumerate(zip(calls, parents, strict=True)):
+        q = prompts[i]
+        if i == 0:
+            links[call.completion_id] = CallLink(None, Relation.FIRST, TraceKind.MAIN, "first_call")
+            roots.append(i)
+            continue
+        if p is None or not len(q):
+            kind, reason = _new_agent_role(call)
+            reason = reason if len(q) else "prompt_ids_missing"
+            links[call.completion_id] = CallLink(None, Relation.NEW_AGENT, kind, reason)
+            roots.append(i)
+            continue
+        parent = calls[p]
+        role = links[parent.completion_id].role
+        if shared == len(q):
+            attempt = _attempt(i, q, prompts, p)
+            if attempt in continued:
+                link = CallLink(
+                    calls[attempt].completion_id, Relation.BRANCH, role, "same_prompt_continued"
+                )
+            else:
+                abandoned.add(calls[attempt].completion_id)
+                link = CallLink(
+                    calls[attempt].completion_id, Relation.RETRY, role, "same_prompt_abandoned"
+                )
+            roots.append(roots[attempt])
+        elif shared == len(prompts[p]):
+            link = CallLink(parent.completion_id, Relation.CONTINUES, role, "extends_prompt")
+            roots.append(roots[p])
+        elif shared >= _anchor(prompts[roots[p]], eot):
+            link = CallLink(parent.completion_id, Relation.REWRITES, role, "history_rewritten")
+            roots.append(roots[p])
+        else:
+            kind, reason = _new_agent_role(call)
+            link = CallLink(parent.completion_id, Relation.NEW_AGENT, kind, reason)
+            roots.append(i)
+        links[call.completion_id] = link
+    return SessionTree(links, frozenset(abandoned))
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two token arrays (vectorized)."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def _parent(
+    i: int, calls: Sequence[CaptureRecord], prompts: list[np.ndarray]
+) -> tuple[int | None, int]:
+    """The earlier call sharing the longest prompt prefix with call ``i``, and that length."""
+    q = prompts[i]
+    best: tuple[int, bool, int] | None = None
+    for j in range(i):
+        shared = common_prefix(prompts[j], q)
+        if not shared:
+            continue
+        key = (shared, _renders(prompts[j], calls[j].sampled_ids, q), j)
+        if best is None or key > best:
+            best = key
+    return (best[2], best[0]) if best is not None else (None, 0)
+
+
+def _renders(prompt: np.ndarray, sampled: list[int], q: np.ndarray) -> bool:
+    """Whether ``q`` holds ``sampled`` right after ``prompt`` (the last id, often the turn
+    end the template re-renders differently, aside)."""
+    n = len(prompt)
+    head = sampled[: max(1, len(sampled) - 1)]
+    return bool(sampled) and len(q) >= n + len(head) and q[n : n + len(head)].tolist() == head
+
+
+def _attempt(i: int, q: np.ndarray, prompts: list[np.ndarray], fallback: int) -> int:
+    """The latest earlier call whose prompt equals ``q``: the attempt call ``i`` repeats."""
+    for j in range(i - 1, -1, -1):
+        if len(prompts[j]) == len(q) and np.array_equal(prompts[j], q):
+            return j
+    return fallback
+
+
+def _anchor(prompt: np.ndarray, eot: int | None) -> int:
+    """Where an agent's first prompt's last message ends (its generation-prompt glue aside)."""
+    if eot is None:
+        return len(prompt)
+    ends = np.flatnonzero(prompt == eot)
+    return int(ends[-1]) + 1 if len(ends) else len(prompt)
+
+
+def _new_agent_role(call: CaptureRecord) -> tuple[TraceKind, str]:
+    text = _texts(call).lower()
+    if any(marker in text for marker in COMPACTION_MARKERS):
+        return TraceKind.COMPACTION, "summary_marker"
+    if CLAUDE_CODE_SUBAGENT.lower() in text:
+        return TraceKind.SUBAGENT, "claude_code_subagent_prompt"
+    return TraceKind.SUBAGENT, "shares_only_system_prefix"
+
+
+def _texts(call: CaptureRecord) -> str:
+    """The system and first user message texts of a call (normalized chat messages)."""
+    out: list[str] = []
+    users = 0
+    for message in call.upstream_request.get("messages") or []:
+        role = message.get("role")
+        if role == "user":
+            users += 1
+        if role not in ("system", "developer", "user") or users > 1:
+            continue
+        out.append(_content_text(message.get("content")))
+    return "\n".join(out)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
