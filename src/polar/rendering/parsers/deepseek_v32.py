@@ -22,18 +22,21 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from polar.providers.types import ToolCall
 from polar.rendering.call_patterns import OPEN_TEXT, WS, alternatives, literal, parameter_names
 from polar.rendering.parsers.base import (
     MalformedCall,
     ParsedTurn,
     ToolParser,
     loads_json,
-    new_call,
-    tool_parameters,
 )
 from polar.rendering.parsers.qwen3_coder import convert_value
-from polar.rendering.parsers.special_text import split_reasoning, strip_trailers
+from polar.rendering.parsers.special_text import (
+    invoke_calls,
+    keyed_arguments,
+    only_matches,
+    split_reasoning,
+    strip_trailers,
+)
 
 DSML = "｜DSML｜"
 BLOCK_OPEN = f"<{DSML}function_calls>"
@@ -41,7 +44,7 @@ BLOCK_CLOSE = f"</{DSML}function_calls>"
 EOS = "<｜end▁of▁sentence｜>"
 _BLOCK_RE = re.compile(re.escape(BLOCK_OPEN) + r"(.*?)" + re.escape(BLOCK_CLOSE), re.DOTALL)
 _INVOKE_RE = re.compile(
-    rf"""<{DSML}invoke\s+name\s*=\s*"(.*?)"\s*>(.*?)</{DSML}invoke>""", re.DOTALL
+    rf"""<{DSML}invoke\s+name\s*=\s*"(?P<name>.*?)"\s*>(?P<body>.*?)</{DSML}invoke>""", re.DOTALL
 )
 _PARAMETER_RE = re.compile(
     rf"""<{DSML}parameter\s+name\s*=\s*"(.*?)"(?:\s+string\s*=\s*"(true|false)")?\s*>"""
@@ -62,35 +65,10 @@ def _value(raw: str, is_string: str | None, schema: Any) -> Any:
 
 
 def _arguments(body: str, properties: dict[str, Any]) -> dict[str, Any]:
-    args: dict[str, Any] = {}
-    end = 0
-    for m in _PARAMETER_RE.finditer(body):
-        if body[end : m.start()].strip():
-            raise MalformedCall("text between parameters")
-        name = m.group(1).strip()
-        if not name or name in args:
-            raise MalformedCall(f"empty or repeated parameter {name!r}")
-        args[name] = _value(m.group(3), m.group(2), properties.get(name))
-        end = m.end()
-    if body[end:].strip():
-        raise MalformedCall("text after the last parameter")
-    return args
-
-
-def _calls(block: str, tools: list[dict[str, Any]] | None) -> list[ToolCall]:
-    calls = []
-    end = 0
-    for m in _INVOKE_RE.finditer(block):
-        if block[end : m.start()].strip():
-            raise MalformedCall("text between invokes")
-        name = m.group(1).strip()
-        if not name:
-            raise MalformedCall("empty function name")
-        calls.append(new_call(name, _arguments(m.group(2), tool_parameters(tools, name) or {})))
-        end = m.end()
-    if block[end:].strip() or not calls:
-        raise MalformedCall("a call block must hold only complete invokes")
-    return calls
+    params = [(m.group(1).strip(), m) for m in only_matches(_PARAMETER_RE, body, "parameters")]
+    return keyed_arguments(
+        (name, _value(m.group(3), m.group(2), properties.get(name))) for name, m in params
+    )
 
 
 class DeepSeekV32ToolParser(ToolParser):
@@ -127,7 +105,9 @@ class DeepSeekV32ToolParser(ToolParser):
         try:
             if text[blocks[-1].end() :].strip():
                 raise MalformedCall("text after the calls")
-            calls = [call for m in blocks for call in _calls(m.group(1), tools)]
+            calls = [
+                c for m in blocks for c in invoke_calls(_INVOKE_RE, m.group(1), tools, _arguments)
+            ]
         except MalformedCall:
             return ParsedTurn(content=text, reasoning=None, tool_calls=[])
         content = text[: blocks[0].start()]

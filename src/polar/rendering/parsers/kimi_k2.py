@@ -28,7 +28,12 @@ from polar.rendering.parsers.base import (
     arguments_object,
     loads_json,
 )
-from polar.rendering.parsers.special_text import call_with_id, split_reasoning, strip_trailers
+from polar.rendering.parsers.special_text import (
+    call_with_id,
+    only_matches,
+    split_reasoning,
+    strip_trailers,
+)
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_END = "<|tool_calls_section_end|>"
@@ -55,15 +60,9 @@ def _call(raw_id: str, raw_arguments: str) -> ToolCall:
 
 
 def _calls(section: str) -> list[ToolCall]:
-    calls = []
-    end = 0
-    for m in _CALL_RE.finditer(section):
-        if section[end : m.start()].strip():
-            raise MalformedCall("text between calls")
-        calls.append(_call(m.group(1), m.group(2)))
-        end = m.end()
-    if section[end:].strip() or not calls:
-        raise MalformedCall("a call section must hold only complete calls")
+    calls = [_call(m.group(1), m.group(2)) for m in only_matches(_CALL_RE, section, "calls")]
+    if not calls:
+        raise MalformedCall("an empty call section")
     return calls
 
 

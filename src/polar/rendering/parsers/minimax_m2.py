@@ -21,17 +21,19 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from polar.providers.types import ToolCall
 from polar.rendering.call_patterns import OPEN_TEXT, WS, alternatives, literal, parameter_names
 from polar.rendering.parsers.base import (
     MalformedCall,
     ParsedTurn,
     ToolParser,
-    new_call,
-    tool_parameters,
 )
 from polar.rendering.parsers.qwen3_coder import convert_value
-from polar.rendering.parsers.special_text import strip_trailers
+from polar.rendering.parsers.special_text import (
+    invoke_calls,
+    keyed_arguments,
+    only_matches,
+    strip_trailers,
+)
 from polar.rendering.parsers.think import split_think
 
 BLOCK_OPEN = "<minimax:tool_call>"
@@ -39,42 +41,19 @@ BLOCK_CLOSE = "</minimax:tool_call>"
 # The turn-end token, when the caller left it on the text.
 TRAILERS = ("[e~[",)
 _BLOCK_RE = re.compile(re.escape(BLOCK_OPEN) + r"(.*?)" + re.escape(BLOCK_CLOSE), re.DOTALL)
-_INVOKE_RE = re.compile(r"""<invoke\s+name\s*=\s*(["'])(.*?)\1\s*>(.*?)</invoke>""", re.DOTALL)
+_INVOKE_RE = re.compile(
+    r"""<invoke\s+name\s*=\s*(["'])(?P<name>.*?)\1\s*>(?P<body>.*?)</invoke>""", re.DOTALL
+)
 _PARAMETER_RE = re.compile(
     r"""<parameter\s+name\s*=\s*(["'])(.*?)\1\s*>(.*?)</parameter>""", re.DOTALL
 )
 
 
 def _arguments(body: str, properties: dict[str, Any]) -> dict[str, Any]:
-    args: dict[str, Any] = {}
-    end = 0
-    for m in _PARAMETER_RE.finditer(body):
-        if body[end : m.start()].strip():
-            raise MalformedCall("text between parameters")
-        name = m.group(2).strip()
-        if not name or name in args:
-            raise MalformedCall(f"empty or repeated parameter {name!r}")
-        args[name] = convert_value(m.group(3), properties.get(name))
-        end = m.end()
-    if body[end:].strip():
-        raise MalformedCall("text after the last parameter")
-    return args
-
-
-def _calls(block: str, tools: list[dict[str, Any]] | None) -> list[ToolCall]:
-    calls = []
-    end = 0
-    for m in _INVOKE_RE.finditer(block):
-        if block[end : m.start()].strip():
-            raise MalformedCall("text between invokes")
-        name = m.group(2).strip()
-        if not name:
-            raise MalformedCall("empty function name")
-        calls.append(new_call(name, _arguments(m.group(3), tool_parameters(tools, name) or {})))
-        end = m.end()
-    if block[end:].strip() or not calls:
-        raise MalformedCall("a call block must hold only complete invokes")
-    return calls
+    params = [
+        (m.group(2).strip(), m.group(3)) for m in only_matches(_PARAMETER_RE, body, "parameters")
+    ]
+    return keyed_arguments((name, convert_value(raw, properties.get(name))) for name, raw in params)
 
 
 class MiniMaxM2ToolParser(ToolParser):
@@ -104,7 +83,9 @@ class MiniMaxM2ToolParser(ToolParser):
         if not blocks:
             return ParsedTurn(content=text, reasoning=None, tool_calls=[])
         try:
-            calls = [call for m in blocks for call in _calls(m.group(1), tools)]
+            calls = [
+                c for m in blocks for c in invoke_calls(_INVOKE_RE, m.group(1), tools, _arguments)
+            ]
         except MalformedCall:
             return ParsedTurn(content=text, reasoning=None, tool_calls=[])
         content = text[: blocks[0].start()].rstrip("\n")
