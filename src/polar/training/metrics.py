@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from polar.schemas.trajectory import MaskReason, Trace
 
 log = logging.getLogger("polar.training")
 
@@ -22,6 +24,29 @@ TRAIN_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 WARM_START_FILE = "warm_start.jsonl"
 PLOT_FILE = "reward_curve.png"
+
+
+def staleness(traces: Iterable[Trace], policy_version: int) -> dict[str, Any]:
+    """How far behind ``policy_version`` a step's sampled turns were, and what was masked.
+
+    Turns masked ``stale`` (the builder's ``max_staleness``) are counted, not dropped; the lag
+    of every call with a recorded version is reported, masked or not.
+    """
+    turns = tokens = 0
+    lags: list[int] = []
+    for trace in traces:
+        for span in trace.masked:
+            if span.reason is MaskReason.STALE:
+                turns += 1
+                tokens += span.end - span.start
+        versions = trace.metadata.get("call_versions") or []
+        lags += [policy_version - v for v in versions if isinstance(v, int)]
+    return {
+        "stale_turns": turns,
+        "stale_tokens": tokens,
+        "version_lag_max": max(lags, default=0),
+        "version_lag_mean": sum(lags) / len(lags) if lags else 0.0,
+    }
 
 
 class MetricsLog:

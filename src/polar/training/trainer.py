@@ -53,7 +53,7 @@ from polar.training.checkpoints import (
 )
 from polar.training.gateway_control import GatewayControl
 from polar.training.losses import clipped_policy_loss, loss_weights
-from polar.training.metrics import MetricsLog, plot_rewards
+from polar.training.metrics import MetricsLog, plot_rewards, staleness
 from polar.training.sft import SFT_FILE, demonstrate, fine_tune
 from polar.training.tasks import task_source
 from polar.training.trainer_config import TrainConfig
@@ -175,6 +175,7 @@ class EmbeddedTrainer:
         samples = samples_from_results(results)
         scored, report = compute_advantages(samples, cfg.algorithm.advantage)
         weights = loss_weights(scored, cfg.algorithm.loss.normalisation)
+        lag = staleness((s.trace for s in scored), self.core.policy_version)
         with control.weight_update(self.core.policy_version + 1), self.core.weights_update():
             update = self._update(scored, weights)
         self.step = step
@@ -182,6 +183,7 @@ class EmbeddedTrainer:
             "step": step,
             "policy_version": self.core.policy_version,
             **_outcomes(results),
+            "staleness": lag,
             **update,
             "advantages": report.as_dict(),
             "rollout_s": rolled - started,

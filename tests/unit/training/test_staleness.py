@@ -1,0 +1,56 @@
+"""The trainer's per-step staleness report over a session that ran across two weight updates."""
+
+from __future__ import annotations
+
+from polar.capture.records import CaptureRecord
+from polar.training.metrics import staleness
+from polar.trajectory.prefix_merging import PrefixMergingBuilder
+
+
+def call(n: int, prompt: list[int], sampled: list[int], version: int) -> CaptureRecord:
+    return CaptureRecord(
+        completion_id=f"c{n}",
+        session_id="s",
+        seq=n,
+        provider="openai_chat",
+        model="m",
+        engine="scripted",
+        policy_version=version,
+        started_at=float(n),
+        finished_at=float(n),
+        upstream_request={"messages": []},
+        response={"role": "assistant", "content": ""},
+        prompt_ids=prompt,
+        sampled_ids=sampled,
+        logprobs=[-0.5] * len(sampled),
+        finish_reason="stop",
+    )
+
+
+def session() -> list[CaptureRecord]:
+    """Versions 3, 4, 5 on one chain: the engine's weights changed twice mid-session."""
+    return [
+        call(0, [1, 2], [10, 99], 3),
+        call(1, [1, 2, 10, 99, 5], [20, 21, 99], 4),
+        call(2, [1, 2, 10, 99, 5, 20, 21, 99, 6], [30, 99], 5),
+    ]
+
+
+def test_step_reports_masked_stale_turns_and_version_lag():
+    builder = PrefixMergingBuilder({"eot_token_id": 99, "max_staleness": 1})
+    (trace,) = builder.build(session(), metadata={"policy_version": 5}).traces
+    assert trace.loss_mask == [0, 0, 0, 1, 1, 1, 0, 1, 1]  # version 3 and the glue masked
+    report = staleness([trace], policy_version=5)
+    assert report == {
+        "stale_turns": 1,
+        "stale_tokens": 2,
+        "version_lag_max": 2,
+        "version_lag_mean": 1.0,
+    }
+
+
+def test_nothing_stale_without_the_rule_but_the_lag_is_still_reported():
+    (trace,) = PrefixMergingBuilder({"eot_token_id": 99}).build(session()).traces
+    report = staleness([trace], policy_version=6)
+    assert (report["stale_turns"], report["version_lag_max"]) == (0, 3)
+    assert report["version_lag_mean"] == 2.0
