@@ -6,8 +6,9 @@ with it, and the community Jinja differs from it. Polar uses the copy SGLang ven
 in ``miles-tito-tokenizers`` (the ``deepseek`` extra): without it this family refuses to start.
 Calls are DSML blocks, results ``<function_results>`` after the call turn; every turn, call or
 answer, ends with ``<｜end▁of▁sentence｜>``. ``deepseek_v32`` renders in chat mode (the engines'
-default); ``deepseek_v32_thinking`` in thinking mode, where the encoder drops reasoning before the
-latest user message (``reasoning_history: drop``).
+default: no reasoning sampled, nothing for history to drop); ``deepseek_v32_thinking`` in
+thinking mode, where the encoder drops reasoning before the latest user message
+(``reasoning_history: drop``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class DeepSeekV32Family(Family):
     tool_parser = "deepseek_v32"
     turn_ends = (EOS,)
     parse_specials = ("<think>", "</think>")
-    reasoning_history = "drop"
-    features = Features(reasoning=True)
+    # Chat mode: the prompt closes the thought (</think>), the model samples none, so there is
+    # no reasoning for history to drop and every turn can be spliced.
+    features = Features(reasoning=False)
     thinking_mode: ClassVar[str] = "chat"
 
     def matches(self, tokenizer: Any) -> bool:
@@ -88,6 +90,8 @@ class DeepSeekV32ThinkingFamily(DeepSeekV32Family):
 
     name = "deepseek_v32_thinking"
     thinking_mode = "thinking"
+    reasoning_history = "drop"
+    features = Features(reasoning=True)
 
     def matches(self, tokenizer: Any) -> bool:
         return False
