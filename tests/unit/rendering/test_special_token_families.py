@@ -481,3 +481,16 @@ def test_special_token_call_formats_are_refused_by_name() -> None:
     functions = [t["function"] for t in mt.WEATHER_TOOLS]
     assert get_family("kimi_k2").call_pattern(functions, True) is None
     assert get_family("gpt_oss").call_pattern(functions, True) is None
+
+
+@pytest.mark.parametrize("key", ["kimi_k25", "minimax_m25", "gpt_oss", "nemotron3"])
+def test_keeping_reasoning_splices_past_a_new_user_turn_where_the_template_drops_it(
+    key: str,
+) -> None:
+    spec = SPECS[key]
+    tokenizer = family_tokenizer(spec.template(), spec.specials)
+    renderer = Renderer(tokenizer, get_family(spec.family), reasoning_history="keep")
+    session = replay(spec, renderer, mt.MultiUserTurnThinkingTrajectory, canonical=True)
+    assert session.rendered_whole_by_policy == 0 and session.spliced == 3
+    # The splice carries the thought the template drops once a new user turn follows.
+    assert session.whole_mismatches
