@@ -494,3 +494,21 @@ def test_keeping_reasoning_splices_past_a_new_user_turn_where_the_template_drops
     assert session.rendered_whole_by_policy == 0 and session.spliced == 3
     # The splice carries the thought the template drops once a new user turn follows.
     assert session.whole_mismatches
+
+
+def test_gpt_oss_call_turn_with_a_preamble_and_a_thought_still_renders() -> None:
+    renderer = renderer_for("gpt_oss")
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "Need the tool.",
+            "tool_calls": [call],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    prompt = renderer.render(history, mt.WEATHER_TOOLS)
+    assert "<|channel|>analysis<|message|>Need the tool.<|end|>" in prompt
+    assert prompt.endswith('commentary<|message|>"sunny"<|end|><|start|>assistant')

@@ -3,8 +3,9 @@
 The model ends a call turn with ``<|call|>`` and an answer with ``<|return|>``; history writes
 the call back with ``<|call|>`` and closes a past answer with ``<|end|>``. Its template reads
 past reasoning from ``thinking`` (vLLM's harmony path takes ``reasoning_content``), renders one
-call per assistant message (so no parallel calls) and keeps reasoning only on call turns not
-yet followed by an answer, hence ``reasoning_history: drop``.
+call per assistant message (so no parallel calls), has no place for a preamble beside the
+thought of a call turn (the preamble is left out of a whole render) and keeps reasoning only on
+call turns not yet followed by an answer, hence ``reasoning_history: drop``.
 """
 
 from __future__ import annotations
@@ -61,4 +62,9 @@ def _for_harmony_template(message: dict[str, Any]) -> dict[str, Any]:
         out["thinking"] = reasoning
     if not out.get("tool_calls"):
         out.pop("tool_calls", None)
+    elif reasoning and out.get("content"):
+        # The template renders a call turn's text AS its analysis message and refuses both
+        # (harmony itself would write the thought, then the preamble on commentary): the
+        # thought is what the model reasoned with, so it stays and the preamble goes.
+        out["content"] = ""
     return out
