@@ -41,6 +41,7 @@ class GatewayNode:
             store=gateway.store,
             sessions=gateway.sessions,
             policy_version=lambda: int(gateway.proxy.policy_version),
+            engine=gateway.proxy.engine,
         )
         self.lifecycle = Lifecycle(
             config,

@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
+from polar.engines.base import Engine
 from polar.errors import HarnessError, HarnessTimeout
 from polar.evaluators.base import EvaluationContext, EvaluationResult
 from polar.evaluators.registry import create_evaluator
@@ -36,6 +38,8 @@ from polar.schemas.ids import path_segment
 from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trajectory, TrajectoryStatus
 from polar.trajectory.registry import create_builder
+from polar.turn_rewards.registry import create_turn_reward
+from polar.turn_rewards.scoring import attach_turn_rewards, score_session
 
 log = logging.getLogger("polar.gateway.session")
 
@@ -54,6 +58,8 @@ class NodeContext:
     policy_version: Callable[[], int]
     model_api: Callable[[str], AsgiApp] | None = None
     """The session's model-API view for its runtimes (the sandbox reaches that, nothing else)."""
+    engine: Engine | None = None
+    """The gateway's engine, for turn-reward hooks that ask a model (llm_judge)."""
 
 
 def session_env(runtime: Runtime, session_id: str, task_id: str) -> dict[str, str]:
@@ -205,12 +211,25 @@ class RolloutWork:
         if not records and not self.session.outcome.reached_run:
             return None
         builder = create_builder(self.task.builder.strategy, self.task.builder.config)
-        return await asyncio.to_thread(
+        trajectory = await asyncio.to_thread(
             builder.build,
             records,
             status=_trajectory_status(status),
             metadata=self._trajectory_metadata(),
         )
+        if self.task.turn_rewards:
+            await self._score_turns(trajectory, records)
+        return trajectory
+
+    async def _score_turns(self, trajectory: Trajectory, records: list[CaptureRecord]) -> None:
+        """The task's turn-reward hooks' scores, on the traces' sampled tokens."""
+        hooks = [create_turn_reward(spec, self.ctx.engine) for spec in self.task.turn_rewards]
+        try:
+            scores = await score_session(hooks, records)
+        finally:
+            for hook in hooks:
+                await hook.aclose()
+        trajectory.metadata["turn_rewards"] = attach_turn_rewards(trajectory, scores)
 
     async def _evaluate(self, trajectory: Trajectory) -> EvaluationResult:
         runtime = self.runtime

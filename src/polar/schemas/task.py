@@ -120,6 +120,10 @@ class BuilderSpec(StrategySpec):
     strategy: str = "prefix_merging"
 
 
+class TurnRewardSpec(StrategySpec):
+    """A per-turn reward hook (``tool_errors``, ``llm_judge``, ``process_reward`` or module:Class)."""
+
+
 class TaskRequest(BaseModel):
     """One task, expanded into ``num_samples`` sessions."""
 
@@ -133,6 +137,10 @@ class TaskRequest(BaseModel):
     agent: AgentSpec = Field(default_factory=AgentSpec)
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    turn_rewards: list[TurnRewardSpec] = Field(
+        default_factory=list,
+        description="Hooks that score each model call from what followed it (per-turn rewards).",
+    )
     callback_url: str | None = None
     metadata: dict[str, Any] = Field(
         default_factory=dict,

@@ -1,0 +1,1 @@
+"""Per-turn rewards: hooks that score each model call from what followed it."""
