@@ -33,9 +33,8 @@ from .test_special_token_families import (
     _dumps,
     miles_template,
     mt,
-    test_canonical_sampling_splices_exactly_and_equals_the_whole_render,  # noqa: F401
     test_detection_finds_each_family,  # noqa: F401
-    test_non_canonical_sampling_still_extends_exactly,  # noqa: F401
+    test_every_later_prompt_extends_the_sampled_turn_exactly,  # noqa: F401
 )
 
 GLM_SPECIALS = (
