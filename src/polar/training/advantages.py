@@ -59,6 +59,8 @@ class ScoredTrace:
     group_id: str
     advantage: float
     reward: float | None
+    token_bonus: tuple[float, ...] | None = None
+    """Per response token, added to ``advantage`` (turn-level credit; see turn_credit.py)."""
 
     @property
     def trainable_tokens(self) -> int:
@@ -181,6 +183,10 @@ def compute_advantages(
                     ScoredTrace(trace, sample.session_id, sample.group_id, advantage, own)
                 )
     report.scored = len(scored)
+    if config.turn_reward_weight:
+        from polar.training.turn_credit import with_turn_credit
+
+        scored = with_turn_credit(scored, config.turn_reward_weight)
     return scored, report
 
 

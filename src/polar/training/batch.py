@@ -27,7 +27,7 @@ class Batch:
     response_lengths: list[int]
     loss_mask: torch.Tensor  # [B, T] T = longest response
     rollout_logprobs: torch.Tensor  # [B, T]; nan where the trace had none
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B], or [B, T] when a trace carries turn-level credit
     weights: torch.Tensor  # [B]
 
     @property
@@ -64,9 +64,21 @@ def make_batch(items: Sequence[ScoredTrace], weights: Sequence[float], pad_id: i
         response_lengths=[len(s.trace.response_ids) for s in items],
         loss_mask=mask,
         rollout_logprobs=rollout,
-        advantages=torch.tensor([s.advantage for s in items], dtype=torch.float32),
+        advantages=_advantages(items, span),
         weights=torch.tensor(list(weights), dtype=torch.float32),
     )
+
+
+def _advantages(items: Sequence[ScoredTrace], span: int) -> torch.Tensor:
+    """``[B]`` session advantages, or ``[B, T]`` with each row's turn-level bonus added."""
+    flat = torch.tensor([s.advantage for s in items], dtype=torch.float32)
+    if all(s.token_bonus is None for s in items):
+        return flat
+    out = flat[:, None].repeat(1, span)
+    for i, s in enumerate(items):
+        if s.token_bonus is not None:
+            out[i, : len(s.token_bonus)] += torch.tensor(s.token_bonus, dtype=torch.float32)
+    return out
 
 
 LOGIT_CHUNK = 256

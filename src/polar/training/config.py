@@ -31,6 +31,12 @@ class AdvantageConfig(BaseModel):
     )
     on_timeout: FailurePolicy = Field("zero_advantage", description="TIMEOUT sessions.")
     failure_reward: float = Field(0.0, description="The reward a penalized session counts with.")
+    turn_reward_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of per-turn rewards in turn-level advantages (0: session-level "
+        "only); see docs/training.md.",
+    )
     drop_infra_failures: bool = Field(
         True,
         description="Leave sessions that failed for the infrastructure's sake (failure kind "

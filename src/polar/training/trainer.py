@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -325,7 +326,7 @@ class EmbeddedTrainer:
                     live = [
                         (s, w / total)
                         for s, w in chunk
-                        if s.advantage != 0.0 or self.reference is not None
+                        if s.advantage != 0.0 or s.token_bonus or self.reference is not None
                     ]
                     if not live:
                         continue
@@ -408,7 +409,7 @@ class EmbeddedTrainer:
                         "metadata": {**s.trace.metadata, "behaviour_logprobs": "recomputed"},
                     }
                 )
-                filled[i] = (ScoredTrace(trace, s.session_id, s.group_id, s.advantage, s.reward), w)
+                filled[i] = (replace(s, trace=trace), w)
         return filled
 
     # -- tasks, checkpoints ----------------------------------------------------------------
