@@ -132,11 +132,6 @@ class Renderer:
         pieces.append(self.decode(run))
         return "".join(pieces)
 
-    def count(self, request: NormalizedRequest) -> int:
-        """The prompt length of ``request`` rendered whole (token counting endpoints)."""
-        text = self.render(request.messages, request.tools, continue_final=request.continue_final)
-        return len(self.encode(text))
-
     def plan(self, book: TurnBook, request: NormalizedRequest) -> PromptPlan:
         """The prompt for ``request``: an exact extension of a sampled turn where possible."""
         messages, tools = request.messages, request.tools
