@@ -1,0 +1,68 @@
+"""Claude Code, the real CLI, spawning a sub-agent (its Agent tool, formerly Task): the session tree from its calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.engines.scripted import ScriptedReply
+from polar.schemas.trajectory import TraceKind
+from polar.training.advantages import SessionSample, compute_advantages
+from polar.trajectory.registry import create_builder
+
+from .harness_kit import FINAL, harness_prefix, run_cli
+
+__all__ = ["harness_prefix"]
+
+pytestmark = pytest.mark.slow
+
+SUB_TASK = "List the files in the current directory and report them."
+
+
+async def test_claude_code_subagent_is_a_branch_of_the_main_trace(
+    live_gateway: Any, tmp_path: Path, harness_prefix: Path
+) -> None:
+    task_call = (
+        "Agent",
+        {
+            "description": "List files",
+            "prompt": SUB_TASK,
+            "subagent_type": "general-purpose",
+        },
+    )
+    replies = [
+        ScriptedReply(tool_calls=[task_call]),  # main: spawn the sub-agent
+        ScriptedReply(content="There are no files."),  # the sub-agent's answer
+        ScriptedReply(content=FINAL),  # main: done
+    ]
+    run = await run_cli(live_gateway, tmp_path, harness_prefix, "claude_code", replies)
+    assert run.outcome.exit_code == 0, run.outcome
+    agent = [r for r in run.records if not r.tags]
+    assert len(agent) == 3, [(r.tags, r.response) for r in run.records]
+    main1, sub, main2 = agent
+    tools = [t["name"] for t in (main1.request or {}).get("tools", [])]
+    assert "Agent" in tools, tools
+
+    trajectory = create_builder("prefix_merging").build(run.records)
+    by_first = {t.metadata["completion_ids"][0]: t for t in trajectory.traces}
+    assert set(by_first) == {main1.completion_id, sub.completion_id}
+    root, branch = by_first[main1.completion_id], by_first[sub.completion_id]
+    assert root.lineage is not None and root.lineage.kind is TraceKind.MAIN
+    assert root.metadata["completion_ids"] == [main1.completion_id, main2.completion_id]
+    assert branch.lineage is not None
+    assert branch.lineage.kind is TraceKind.SUBAGENT
+    assert branch.lineage.reason == "claude_code_subagent_prompt"
+    assert branch.lineage.parent_call == main1.completion_id
+    assert branch.lineage.parent_trace == trajectory.traces.index(root)
+    assert sum(branch.loss_mask) == len(sub.sampled_ids)
+
+    # one logical rollout: both traces share the session's advantage against its group
+    samples = [
+        SessionSample(run.key, "g", "COMPLETED", 1.0, tuple(trajectory.traces)),
+        SessionSample("other", "g", "COMPLETED", 0.0, ()),
+    ]
+    scored, _ = compute_advantages(samples)
+    mine = [s.advantage for s in scored if s.session_id == run.key]
+    assert len(mine) == 2 and mine[0] == mine[1] > 0
