@@ -3,6 +3,8 @@
 * the upstream chat templates llama.cpp vendors, from the ``llama-cpp-python==0.3.36`` sdist;
 * ``miles-tito-tokenizers==0.1.1`` (the ``test`` extra): append-only templates, DeepSeek
   encoders, mock trajectories;
+* Kimi K2.5's own TypeScript tool-declaration encoder (the copy in the ``tinker-cookbook``
+  wheel), the reference for Polar's;
 * Qwen's real vocabulary (``qwen.tiktoken`` in the ``qwen-agent==0.0.34`` wheel) as a fast
   tokenizer, with a family's special tokens at their real ids.
 
@@ -27,6 +29,9 @@ import pytest
 
 LLAMA_CPP = "llama-cpp-python==0.3.36"
 QWEN_AGENT = "qwen-agent==0.0.34"
+TINKER_COOKBOOK = "tinker-cookbook==0.6.1"
+# Moonshot's Kimi K2.5 tool-declaration encoder, as tinker-cookbook ships it (stdlib only).
+_KIMI_TS = "tinker_cookbook/renderers/kimi_k2_5_tool_declaration_ts.py"
 _TEMPLATES = "vendor/llama.cpp/models/templates/"
 # Qwen2's pre-tokenizer (digits one at a time), as in the models' tokenizer.json.
 _QWEN_PATTERN = (
@@ -130,6 +135,26 @@ def miles_path(relative: str = "") -> Path:
     if not path.exists():
         pytest.skip(f"miles-tito-tokenizers has no {relative}")
     return path
+
+
+@cache
+def kimi_reference_encoder() -> Any:
+    """Moonshot's ``encode_tools_to_typescript_style`` (the module from the tinker-cookbook
+    wheel, loaded alone without installing the package)."""
+    import importlib.util
+
+    target = cache_dir() / "kimi_tool_declaration_ts.py"
+    if not target.is_file():
+        with zipfile.ZipFile(_download(TINKER_COOKBOOK, sdist=False)) as archive:
+            data = archive.read(_KIMI_TS)
+        partial = target.with_suffix(f".{os.getpid()}")
+        partial.write_bytes(data)
+        os.replace(partial, target)
+    spec = importlib.util.spec_from_file_location("kimi_tool_declaration_ts", target)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.encode_tools_to_typescript_style
 
 
 @cache

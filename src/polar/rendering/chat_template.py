@@ -69,12 +69,14 @@ def render_text(
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
     continue_final: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The chat template's text for ``messages`` (and ``tools``), before tokenization.
 
     ``chat_template`` replaces the tokenizer's own template when given. ``continue_final``
     leaves the final (assistant) message open for the model to continue, with no generation
-    prompt after it (an assistant prefill).
+    prompt after it (an assistant prefill). ``template_kwargs`` are extra template variables a
+    family's tokenizer code passes (Kimi's ``tools_ts_str``).
     """
     from jinja2 import TemplateError
 
@@ -93,6 +95,7 @@ def render_text(
             continue_final_message=continue_final,
             tokenize=False,
             chat_template=template,
+            **(template_kwargs or {}),
         )
     except TemplateError as exc:
         raise InvalidRequest(f"the chat template rejected these messages: {exc}") from exc

@@ -3,13 +3,21 @@ model's own and name each result in history (``## Return of <id>``), so they are
 
 Turns end with ``<|im_end|>`` (eos is ``[EOS]``). The template keeps reasoning only after the
 last plain answer (earlier turns get ``<think></think>``), hence ``reasoning_history: drop``.
+
+K2.5/K2.6 templates declare tools from ``tools_ts_str`` when given: Kimi's tokenizer code (which
+vLLM and SGLang load) sorts the tools' keys and passes TypeScript-style declarations
+(:mod:`kimi_tools_ts`), so the family does too; the template's JSON fallback is only what a
+schema the encoder cannot express gets, as with the tokenizer.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
+from polar.rendering.chat_template import render_text
 from polar.rendering.families.base import Family, Features, has_special, template_has
+from polar.rendering.families.kimi_tools_ts import deep_sorted, typescript_declarations
 
 _SECTION = (
     "<|tool_calls_section_begin|>",
@@ -32,4 +40,31 @@ class KimiK2Family(Family):
     def matches(self, tokenizer: Any) -> bool:
         return has_special(tokenizer, "<|im_middle|>", *_SECTION[:2]) and template_has(
             tokenizer, "tool_calls_section_begin"
+        )
+
+    def render(
+        self,
+        tokenizer: Any,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        chat_template: str | None,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
+    ) -> str:
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        extra: dict[str, Any] = {}
+        if tools and isinstance(template, str) and "tools_ts_str" in template:
+            tools = deep_sorted(tools)
+            # A schema the encoder refuses: the JSON fallback, as with Kimi's tokenizer.
+            with suppress(ValueError, TypeError, KeyError, AttributeError):
+                extra["tools_ts_str"] = typescript_declarations(tools)
+        return render_text(
+            tokenizer,
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            continue_final=continue_final,
+            template_kwargs=extra,
         )
