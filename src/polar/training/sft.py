@@ -171,10 +171,18 @@ def fine_tune(
     grad_clip: float,
     pad_id: int,
     seed: int,
+    forward_rows: int | None = None,
 ) -> list[dict[str, Any]]:
-    """``epochs`` passes of SFT over ``rows`` (one optimizer step per micro-batch); one record
-    of mean loss per epoch."""
+    """``epochs`` passes of SFT over ``rows`` (one optimizer step per ``micro_batch_size``
+    rows); one record of mean loss per epoch.
+
+    A step's rows go through the model ``forward_rows`` at a time, each part's summed loss
+    backpropagated and the sum divided by the step's token count: the same gradient as one
+    forward of all of them, with a fraction of the activations held at once.
+    """
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
+    params = [p for p in module.parameters() if p.requires_grad]
+    part = max(1, forward_rows or micro_batch_size)
     rng = random.Random(seed)
     records = []
     for epoch in range(1, epochs + 1):
@@ -183,12 +191,20 @@ def fine_tune(
         losses, tokens = [], 0
         for start in range(0, len(order), micro_batch_size):
             optimizer.zero_grad(set_to_none=True)
-            loss, n = sft_loss(module, order[start : start + micro_batch_size], pad_id)
-            loss.backward()
+            step = order[start : start + micro_batch_size]
+            summed, count = 0.0, 0
+            for first in range(0, len(step), part):
+                loss, n = sft_loss(module, step[first : first + part], pad_id)
+                (loss * n).backward()
+                summed += float(loss.detach()) * n
+                count += n
+            for p in params:
+                if p.grad is not None:
+                    p.grad /= max(count, 1)
             torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
             optimizer.step()
-            losses.append(float(loss.detach()))
-            tokens += n
+            losses.append(summed / max(count, 1))
+            tokens += count
         records.append(
             {"epoch": epoch, "loss": statistics.fmean(losses) if losses else 0.0, "tokens": tokens}
         )

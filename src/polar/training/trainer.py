@@ -234,6 +234,7 @@ class EmbeddedTrainer:
                     epochs=cfg.sft.epochs,
                     lr=cfg.sft.lr,
                     micro_batch_size=cfg.sft.micro_batch_size,
+                    forward_rows=cfg.sft.forward_rows,
                     grad_clip=cfg.optim.grad_clip,
                     pad_id=int(self.core.tokenizer.pad_token_id or 0),
                     seed=cfg.seed,
@@ -472,12 +473,12 @@ def _checkpointed(module: Any, enabled: bool) -> Iterator[None]:
     if not usable or _has_dropout(module):
         yield
         return
-    module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     module.train()
     try:
         yield
     finally:
-        module.gradient_checkpointing_disable()
+        module.activation_checkpointing_disable()
         module.eval()
 
 

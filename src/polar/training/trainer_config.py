@@ -75,7 +75,13 @@ class SFTConfig(BaseModel):
     demonstrations: int = Field(1, ge=1, description="Demonstrated sessions per task.")
     epochs: int = Field(1, ge=1, description="Passes over the accepted demonstrations.")
     lr: float = Field(1e-4, gt=0)
-    micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward and step.")
+    micro_batch_size: int = Field(4, ge=1, description="Rows per optimizer step.")
+    forward_rows: int = Field(
+        2,
+        ge=1,
+        description="Rows per forward/backward within a step: the same gradient as all of the "
+        "step's rows at once, with that fraction of the activations (memory).",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Task-source options for the demonstrated tasks, over tasks.options: "

@@ -227,6 +227,7 @@ def test_one_trainer_update_moves_positives_up_and_negatives_down(tmp_path: Any)
     finally:
         trainer.core.close()
     assert update["optimizer_steps"] == 2
+    assert not trainer.module.training  # served in eval mode again after the checkpointed update
     assert update["logprob_mismatch_max"] < 1e-4
     moved = [(s.advantage, a - b) for s, a, b in zip(scored, after, before, strict=True)]
     positive = [d for adv, d in moved if adv > 0]

@@ -94,6 +94,37 @@ def test_the_shared_prefix_sft_loss_is_the_full_forward_loss() -> None:
     assert original(ids, mask) == 30  # the whole common prefix, before the first target
 
 
+def test_sft_steps_in_parts_give_the_same_update_as_whole_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """forward_rows splits a step's rows into forward passes (memory), not its gradient: with
+    plain SGD and no clipping, the weights move by exactly the same gradient either way."""
+    monkeypatch.setattr(sft.torch.optim, "AdamW", lambda params, lr: torch.optim.SGD(params, lr))
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(5, 1000, (20,), generator=generator).tolist()
+    rows = []
+    for k in range(4):
+        tail = torch.randint(5, 1000, (4 + 5 * k,), generator=generator).tolist()
+        rows.append(
+            {"input_ids": prefix + tail, "assistant_masks": [0] * 22 + [1] * (len(tail) - 2)}
+        )
+
+    def trained(forward_rows: int) -> tuple[list[torch.Tensor], float]:
+        module = load_model("tiny").module
+        [record] = sft.fine_tune(
+            module, rows, epochs=1, lr=1.0, micro_batch_size=4, grad_clip=1e9, pad_id=0,
+            seed=0, forward_rows=forward_rows,
+        )  # fmt: skip
+        return [p.detach().clone() for p in module.parameters()], record["loss"]
+
+    (whole, whole_loss), (parts, parts_loss) = trained(4), trained(1)
+    assert parts_loss == pytest.approx(whole_loss, rel=1e-5)
+    for a, b in zip(whole, parts, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    untouched = load_model("tiny").module
+    assert any(not torch.equal(a, b) for a, b in zip(whole, untouched.parameters(), strict=True))
+
+
 def test_tasks_the_demonstrator_cannot_tell_apart_go_in_different_waves() -> None:
     tasks = task_source("tool_use")("train", 1, 40)
     waves = sft.waves(tasks)
