@@ -55,6 +55,11 @@ class CaptureRecord(BaseModel):
         default_factory=list,
         description="What the adapter dropped or changed (stripped header lines, ignored items).",
     )
+    routed_experts: str | None = Field(
+        default=None,
+        description="MoE routing replay: the experts of every prompt token and every sampled "
+        "token but the last, base64 .npy (positions, layers, top_k); see engines/routed_experts.",
+    )
 
 
 def new_completion_id() -> str:

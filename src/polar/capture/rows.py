@@ -35,6 +35,7 @@ BODY_FIELDS = (
     "sampling",
     "dropped_tools",
     "notes",
+    "routed_experts",
 )
 
 # The body column is a zstd frame (level 1: a Claude-Code-sized call, 160 KB of JSON, compresses

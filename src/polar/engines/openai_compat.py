@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import httpx
 import orjson
 
+from polar.engines import routed_experts
 from polar.engines.base import Engine
 from polar.engines.capture import capture_from_response
 from polar.engines.http import AiohttpEngineHTTP, EngineHTTP, HttpxEngineHTTP, RawReply
@@ -87,6 +88,9 @@ class OpenAICompatEngine(Engine):
         body = self.build_body(request)
         reply = await self._post("/v1/chat/completions", body, request)
         completion, tokens = capture_from_response(reply)
+        tokens.routed_experts = routed_experts.read_choice(
+            reply["choices"][0], len(tokens.prompt_ids), len(tokens.sampled_ids), tokens.flags
+        )
         version = reply.get("policy_version")
         return EngineResult(
             completion=completion,
@@ -113,7 +117,14 @@ class OpenAICompatEngine(Engine):
         self, prompt_ids: list[int], request: NormalizedRequest
     ) -> SampledTokens:
         body = self.build_token_body(prompt_ids, request)
-        tokens = self.read_token_reply(await self._post(self.token_path, body, request), body)
+        reply = await self._post(self.token_path, body, request)
+        tokens = self.read_token_reply(reply, body)
+        tokens.routed_experts = routed_experts.read_choice(
+            reply["choices"][0] if reply.get("choices") else None,
+            len(prompt_ids),
+            len(tokens.sampled_ids),
+            tokens.flags,
+        )
         tokens.sampling = request.params.as_dict() | tokens.sampling
         return tokens
 

@@ -29,6 +29,8 @@ class TokenCapture:
     sampled_ids: list[int]
     logprobs: list[float] | None
     flags: list[str] = field(default_factory=list)
+    # MoE routing replay: base64 .npy (positions, layers, top_k), see engines/routed_experts.py.
+    routed_experts: str | None = None
 
 
 @dataclass
@@ -58,6 +60,7 @@ class SampledTokens:
     engine_id: str | None = None
     # Which engine sampled it, when not the gateway's engine itself (a pool's replica).
     engine: str | None = None
+    routed_experts: str | None = None
 
 
 @dataclass(frozen=True)

@@ -401,6 +401,7 @@ class Proxy:
             tags=list(normalized.capture.tags),
             dropped_tools=normalized.dropped_tools,
             notes=normalized.capture.record_notes(),
+            routed_experts=result.tokens.routed_experts,
         )
 
     def _error(self, provider: Provider | None, err: GatewayError) -> Response:

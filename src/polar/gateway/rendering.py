@@ -324,7 +324,11 @@ class TokenPrompts:
         return EngineResult(
             completion=completion,
             tokens=TokenCapture(
-                prompt_ids, tokens.sampled_ids, tokens.logprobs, list(tokens.flags)
+                prompt_ids,
+                tokens.sampled_ids,
+                tokens.logprobs,
+                list(tokens.flags),
+                routed_experts=tokens.routed_experts,
             ),
             engine=engine,
             upstream_request=upstream,
