@@ -14,11 +14,14 @@ prompt re-renders, then the latest). From that prefix relation:
   its messages carry a summary marker, else a ``subagent`` (Claude Code's sub-agent system
   prompt is named as the evidence when present).
 
-Cost: every prompt is compared with every earlier one (one vectorized comparison each).
+Cost: about linear in the session's prompt tokens: earlier prompts are found by hashes of
+their leading blocks (:class:`_PrefixIndex`), and only those sharing the most blocks are
+compared token by token.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -87,7 +90,11 @@ def learn_eot(calls: Sequence[CaptureRecord]) -> int | None:
 def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree:
     """Link every call (time order) to its parent; see the module docstring for the rules."""
     prompts = [np.asarray(c.prompt_ids, dtype=np.int64) for c in calls]
-    parents = [_parent(i, calls, prompts) for i in range(len(calls))]
+    index = _PrefixIndex()
+    parents = []
+    for i in range(len(calls)):
+        parents.append(_parent(i, calls, prompts, index))
+        index.add(i, prompts[i])
     continued = {
         p
         for i, (p, shared) in enumerate(parents)
@@ -143,14 +150,61 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+class _PrefixIndex:
+    """Earlier prompts by the hash of each whole block of ``BLOCK`` leading tokens.
+
+    Sharing a prefix is monotone (sharing k blocks implies sharing fewer), so a binary search
+    over a prompt's block hashes finds how many whole blocks the best earlier prompt shares,
+    and only the prompts sharing that many are compared token by token, within one block: a
+    call costs about its length, not its length times the number of earlier calls.
+    """
+
+    def __init__(self) -> None:
+        self.by_key: dict[bytes, list[int]] = {}
+        self.seen: list[int] = []
+
+    def add(self, i: int, prompt: np.ndarray) -> None:
+        for key in _block_keys(prompt):
+            self.by_key.setdefault(key, []).append(i)
+        self.seen.append(i)
+
+    def candidates(self, prompt: np.ndarray) -> tuple[list[int], int]:
+        """Earlier calls sharing the most whole blocks with ``prompt``, and that many tokens."""
+        keys = _block_keys(prompt)
+        low, high = 0, len(keys)  # blocks shared: at least low, at most high
+        while low < high:
+            mid = (low + high + 1) // 2
+            if keys[mid - 1] in self.by_key:
+                low = mid
+            else:
+                high = mid - 1
+        return (self.by_key[keys[low - 1]] if low else self.seen), low * BLOCK
+
+
+BLOCK = 256
+
+
+def _block_keys(prompt: np.ndarray) -> list[bytes]:
+    """A digest of each whole-block prefix of ``prompt`` (its first 1, 2, ... blocks)."""
+    data = prompt.tobytes()
+    size = BLOCK * prompt.itemsize
+    digest = hashlib.blake2b(digest_size=16)
+    keys = []
+    for b in range(len(prompt) // BLOCK):
+        digest.update(data[b * size : (b + 1) * size])
+        keys.append(digest.digest())
+    return keys
+
+
 def _parent(
-    i: int, calls: Sequence[CaptureRecord], prompts: list[np.ndarray]
+    i: int, calls: Sequence[CaptureRecord], prompts: list[np.ndarray], index: _PrefixIndex
 ) -> tuple[int | None, int]:
     """The earlier call sharing the longest prompt prefix with call ``i``, and that length."""
     q = prompts[i]
+    candidates, skip = index.candidates(q)
     best: tuple[int, bool, int] | None = None
-    for j in range(i):
-        shared = common_prefix(prompts[j], q)
+    for j in candidates:
+        shared = skip + common_prefix(prompts[j][skip:], q[skip:])
         if not shared:
             continue
         key = (shared, _renders(prompts[j], calls[j].sampled_ids, q), j)

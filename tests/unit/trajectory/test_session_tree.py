@@ -173,3 +173,34 @@ def test_exports_carry_lineage_and_mask_reasons(name, tmp_path):
     assert [t.lineage for t in back] == [t.lineage for t in traj.traces]
     assert [t.masked for t in back] == [t.masked for t in traj.traces]
     assert [t.loss_mask for t in back] == [t.loss_mask for t in traj.traces]
+
+
+def test_block_index_finds_the_same_parent_as_comparing_every_earlier_prompt():
+    """Random branching sessions with prompts spanning many 256-token blocks."""
+    import random
+
+    import numpy as np
+
+    from polar.trajectory import lineage
+
+    rng = random.Random(7)
+    for _ in range(5):
+        prompts: list[list[int]] = [[rng.randrange(3, 90) for _ in range(rng.randrange(1, 900))]]
+        for _ in range(40):
+            base = rng.choice(prompts)
+            cut = rng.randrange(0, len(base) + 1)
+            prompts.append(
+                base[:cut] + [rng.randrange(3, 90) for _ in range(rng.randrange(0, 700))]
+            )
+        calls = [record(p, [rng.randrange(3, 90), EOT]) for p in prompts if p]
+        arrays = [np.asarray(c.prompt_ids, dtype=np.int64) for c in calls]
+        index = lineage._PrefixIndex()
+        for i, q in enumerate(arrays):
+            brute = max(
+                ((lineage.common_prefix(arrays[j], q), j) for j in range(i)), default=(0, None)
+            )
+            parent, shared = lineage._parent(i, calls, arrays, index)
+            assert shared == brute[0]
+            if shared:
+                assert lineage.common_prefix(arrays[parent], q) == shared
+            index.add(i, q)
