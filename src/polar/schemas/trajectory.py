@@ -49,24 +49,25 @@ class MaskReason(StrEnum):
     MULTIPLE_POLICY_VERSIONS = "multiple_policy_versions"
 
 
-class MaskSpan(BaseModel):
-    """Sampled response tokens ``[start, end)`` of one call masked out of the loss, and why."""
+class ResponseSpan(BaseModel):
+    """Response tokens ``[start, end)`` of a trace (one call's sampled ids)."""
 
     model_config = ConfigDict(extra="forbid")
 
     start: int = Field(ge=0)
     end: int = Field(ge=0)
+
+
+class MaskSpan(ResponseSpan):
+    """Sampled ids of one call masked out of the loss, and why."""
+
     reason: MaskReason
     completion_id: str | None = None
 
 
-class TurnReward(BaseModel):
-    """A per-turn score aligned with one call's sampled tokens ``[start, end)`` in the response."""
+class TurnReward(ResponseSpan):
+    """A per-turn score over one call's sampled ids."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
     reward: float
     source: str = Field(description="The turn-reward hook that scored it.")
     completion_id: str
@@ -107,7 +108,7 @@ class Trace(BaseModel):
             raise ValueError(
                 f"response_logprobs has {len(self.response_logprobs)} entries for {n} response ids"
             )
-        spans: list[MaskSpan | TurnReward] = [*self.masked, *self.turn_rewards]
+        spans: list[ResponseSpan] = [*self.masked, *self.turn_rewards]
         for span in spans:
             if not span.start <= span.end <= n:
                 raise ValueError(f"span [{span.start}, {span.end}) outside the {n} response ids")

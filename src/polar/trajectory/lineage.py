@@ -256,11 +256,12 @@ def _texts(call: CaptureRecord) -> str:
             users += 1
         if role not in ("system", "developer", "user") or users > 1:
             continue
-        out.append(_content_text(message.get("content")))
+        out.append(content_text(message.get("content")))
     return "\n".join(out)
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """The text of a chat message's content: a string, or its text parts joined by newlines."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):

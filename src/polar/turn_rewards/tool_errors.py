@@ -9,12 +9,12 @@ calls, and calls nothing followed, are left unscored.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.engines.base import Engine
 from polar.schemas.task import TurnRewardSpec
+from polar.trajectory.lineage import content_text
 from polar.turn_rewards.base import Turn, TurnRewardHook, TurnScore, parse_config
 
 DEFAULT_PATTERNS = [
@@ -50,15 +50,7 @@ class ToolErrors(TurnRewardHook):
         failed = [
             str(m.get("tool_call_id") or i)
             for i, m in enumerate(results)
-            if any(p.search(_text(m.get("content"))) for p in self.patterns)
+            if any(p.search(content_text(m.get("content"))) for p in self.patterns)
         ]
         reward = self.config.failure if failed else self.config.success
         return TurnScore(reward, {"failed_tool_calls": failed, "tool_results": len(results)})
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
