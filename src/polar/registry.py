@@ -34,6 +34,10 @@ class Registry(Generic[T]):
     def add(self, name: str, item: Callable[..., T]) -> None:
         self._items[name] = item
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (a component registered at runtime, e.g. by a test)."""
+        self._items.pop(name, None)
+
     def get(self, name: str) -> Callable[..., T]:
         """The class for ``name``; an import path ``pkg.module:Class`` is imported on demand."""
         if name in self._items:

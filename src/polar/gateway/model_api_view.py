@@ -1,14 +1,14 @@
 """One session's view of the gateway: its model API and nothing else.
 
 A sandbox reaches the gateway only through this view (the runtime's relay serves it on the
-socket bound into the sandbox). It admits the provider routes, ``/v1/...``, ``/v1beta/...``,
-``/v1alpha/...`` and a POST to the bare base URL (body-detected), each with or without the
-``/s/<key>`` prefix, and hands them to the gateway as ``/s/<own key>/<rest>``: whatever the
+socket bound into the sandbox). It admits the registered providers' routes (their
+``api_roots``: ``/v1/...``, ``/v1beta/...``, ``/v1alpha/...`` today) and a POST to the bare
+base URL (body-detected), each with or without the ``/s/<key>`` prefix, and hands them to the gateway as ``/s/<own key>/<rest>``: whatever the
 harness sends, the call is attributed to its own session. Everything else is answered here,
 before the gateway sees the request (its body unread):
 
-- a ``/s/<key>`` prefix, an API key header (``Authorization: Bearer``, ``x-api-key``,
-  ``x-goog-api-key``) or a ``?key=`` naming any other key: 403;
+- a ``/s/<key>`` prefix, an API key header (``Authorization: Bearer`` or a provider's
+  ``key_headers``: ``x-api-key``, ``x-goog-api-key``) or a ``?key=`` naming any other key: 403;
 - ``/polar/*`` (admin, node), ``/health``, ``/docs``, ``/openapi.json``, ``/redoc``, any other
   path, and paths with ``.``/``..`` segments: 404;
 - websockets and any other scope: closed.
@@ -24,12 +24,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from polar.gateway.sessions import SESSION_PREFIX, split_session_prefix
+from polar.providers.registry import routing_table
 
-# The provider API roots after the session prefix (what the SDK base URLs end in).
-API_ROOTS = ("/v1", "/v1beta", "/v1alpha")
 # The base URL itself: the gateway detects the provider from headers or body (POST only).
 BARE_PATHS = frozenset({"", "/"})
-KEY_HEADERS = (b"x-api-key", b"x-goog-api-key")
 # Characters kept literal when the rewritten path is re-encoded for raw_path.
 _PATH_SAFE = "/:@!$&'()*+,;=~"
 
@@ -55,7 +53,8 @@ def own_path(method: str, path: str, own_key: str) -> str:
     if "." in segments or ".." in segments:
         raise Refusal(404, "not_found_error", "dot segments are not served here")
     bare = rest in BARE_PATHS and method == "POST"
-    if not bare and not any(rest == root or rest.startswith(root + "/") for root in API_ROOTS):
+    roots = routing_table().api_roots
+    if not bare and not any(rest == root or rest.startswith(root + "/") for root in roots):
         raise Refusal(404, "not_found_error", f"only the model API is served here, not {path}")
     return f"{SESSION_PREFIX}{own_key}{rest}"
 
@@ -63,11 +62,12 @@ def own_path(method: str, path: str, own_key: str) -> str:
 def check_keys(headers: list[tuple[bytes, bytes]], query_string: bytes, own_key: str) -> None:
     """:class:`Refusal` when a header or query parameter names a key other than ``own_key``."""
     named: list[str] = []
+    key_headers = {name.encode("latin-1") for name in routing_table().key_headers}
     for name, value in headers:
         text = value.decode("latin-1").strip()
         if name == b"authorization" and text[:7].lower() == "bearer ":
             named.append(text[7:].strip())
-        elif name in KEY_HEADERS:
+        elif name in key_headers:
             named.append(text)
     named += [value for name, value in parse_qsl(query_string.decode("latin-1")) if name == "key"]
     if any(key != own_key for key in named):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.errors import AuthenticationFailed, CallBudgetSpent
+from polar.providers.registry import routing_table
 
 SESSION_PREFIX = "/s/"
 
@@ -57,11 +58,11 @@ def split_session_prefix(path: str) -> tuple[str | None, str]:
 
 
 def key_from_headers(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-    """The API key wherever the provider's SDK puts it."""
+    """The API key wherever the provider's SDK puts it (the providers' ``key_headers``)."""
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return auth[7:].strip()
-    for name in ("x-api-key", "x-goog-api-key"):
+    for name in routing_table().key_headers:
         if headers.get(name):
             return headers[name]
     return query.get("key") or None
@@ -69,12 +70,12 @@ def key_from_headers(headers: Mapping[str, str], query: Mapping[str, str]) -> st
 
 def base_urls(gateway_url: str, session_id: str) -> dict[str, str]:
     """Where each kind of client should point, as its SDK expects the base URL."""
-    root = f"{gateway_url.rstrip('/')}{SESSION_PREFIX}{session_id}"
-    return {
-        "anthropic": root,
-        "openai": f"{root}/v1",
-        "google": root,
-    }
+    return routing_table().base_urls(session_url(gateway_url, session_id))
+
+
+def session_url(gateway_url: str, session_id: str) -> str:
+    """The gateway URL with the session's ``/s/<id>`` prefix."""
+    return f"{gateway_url.rstrip('/')}{SESSION_PREFIX}{session_id}"
 
 
 class SessionClosed(AuthenticationFailed):

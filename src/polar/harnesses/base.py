@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.config_loader import parse_config
 from polar.errors import ConfigError
+from polar.providers.registry import routing_table
 from polar.providers.types import NormalizedRequest
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -50,10 +51,15 @@ class HarnessContext:
         """The gateway root with this session's ``/s/<id>`` prefix (Anthropic, Google SDKs)."""
         return f"{self.gateway_url.rstrip('/')}/s/{self.session_id}"
 
+    def base_url(self, client: str) -> str:
+        """The base URL the ``client`` SDK expects (``openai``, ``anthropic``, ``google``, or a
+        provider added since), as that provider's routing facts shape it."""
+        return routing_table().base_urls(self.session_url)[client]
+
     @property
     def openai_url(self) -> str:
         """The session URL as OpenAI-style SDKs expect it, ending in ``/v1``."""
-        return f"{self.session_url}/v1"
+        return self.base_url("openai")
 
     def home_path(self, *parts: str) -> str:
         return str(PurePosixPath(self.home, *parts))

@@ -55,6 +55,7 @@ from polar.providers.base import (
     stop_list,
 )
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.routing import ProviderRouting
 from polar.providers.types import (
     CaptureTags,
     Completion,
@@ -128,6 +129,13 @@ class AnthropicProvider(Provider):
     """Anthropic Messages: ``/messages`` and ``/messages/count_tokens``."""
 
     name: ClassVar[str] = "anthropic"
+    routing: ClassVar[ProviderRouting] = ProviderRouting(
+        client="anthropic",
+        api_roots=("/v1",),
+        key_headers=("x-api-key",),
+        base_url_env=("ANTHROPIC_BASE_URL",),
+        api_key_env=("ANTHROPIC_API_KEY",),
+    )
 
     def operation(self, ctx: RequestContext) -> str | None:
         if ctx.method.upper() != "POST":

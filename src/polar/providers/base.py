@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import orjson
 
 from polar.errors import GatewayError, InvalidRequest, NotFound
+from polar.providers.routing import ProviderRouting
 from polar.providers.types import Completion, NormalizedRequest
 
 GENERATE = "generate"
@@ -38,6 +39,8 @@ class Provider(ABC):
     """
 
     name: ClassVar[str]
+    routing: ClassVar[ProviderRouting]
+    """Where its clients reach the gateway: API roots, key headers, base URL, SDK env names."""
 
     @abstractmethod
     def operation(self, ctx: RequestContext) -> str | None:

@@ -48,6 +48,7 @@ from polar.providers.base import (
 )
 from polar.providers.logprobs import sampled_logprobs
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.routing import ProviderRouting
 from polar.providers.types import (
     CaptureTags,
     Completion,
@@ -122,6 +123,13 @@ class GoogleProvider(Provider):
     """The Gemini API's generateContent family."""
 
     name: ClassVar[str] = "google"
+    routing: ClassVar[ProviderRouting] = ProviderRouting(
+        client="google",
+        api_roots=("/v1beta", "/v1alpha"),
+        key_headers=("x-goog-api-key",),
+        base_url_env=("GOOGLE_GEMINI_BASE_URL",),
+        api_key_env=("GEMINI_API_KEY",),
+    )
 
     def operation(self, ctx: RequestContext) -> str | None:
         method = _path_method(ctx.path)

@@ -29,6 +29,7 @@ from polar.providers.base import (
 )
 from polar.providers.logprobs import sampled_logprobs
 from polar.providers.openai_errors import openai_error_body
+from polar.providers.routing import ProviderRouting
 from polar.providers.types import (
     CaptureTags,
     Completion,
@@ -51,8 +52,19 @@ class ChatState:
     legacy_functions: bool = False
 
 
+# Chat completions and responses are both the OpenAI SDK's: one client, one set of facts.
+OPENAI_ROUTING = ProviderRouting(
+    client="openai",
+    api_roots=("/v1",),
+    base_url_suffix="/v1",
+    base_url_env=("OPENAI_BASE_URL",),
+    api_key_env=("OPENAI_API_KEY",),
+)
+
+
 class OpenAIChatProvider(Provider):
     name: ClassVar[str] = "openai_chat"
+    routing: ClassVar[ProviderRouting] = OPENAI_ROUTING
 
     def operation(self, ctx: RequestContext) -> str | None:
         return GENERATE if ctx.path.rstrip("/").endswith("/chat/completions") else None

@@ -19,7 +19,7 @@ import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -40,8 +40,10 @@ from polar.providers.base import (
     sse,
 )
 from polar.providers.logprobs import sampled_logprobs
+from polar.providers.openai_chat import OPENAI_ROUTING
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.routing import ProviderRouting
 from polar.providers.stateful import RETRIEVE, StatefulReplies
 from polar.providers.types import (
     CaptureTags,
@@ -115,6 +117,7 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
     ``GET``/``DELETE /v1/responses/{id}`` (responses stored per session)."""
 
     name = "openai_responses"
+    routing: ClassVar[ProviderRouting] = OPENAI_ROUTING
 
     def operation(self, ctx: RequestContext) -> str | None:
         path = ctx.path.rstrip("/")

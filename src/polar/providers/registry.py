@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from polar.errors import ConfigError
 from polar.providers.anthropic import AnthropicProvider
 from polar.providers.base import Provider, RequestContext
 from polar.providers.google import GoogleProvider
 from polar.providers.openai_chat import OpenAIChatProvider
 from polar.providers.openai_responses import OpenAIResponsesProvider
+from polar.providers.routing import ProviderRouting, RoutingTable
 from polar.registry import Registry
 
 PROVIDERS: Registry[Provider] = Registry("provider")
@@ -18,8 +20,23 @@ PROVIDERS.add("openai_chat", OpenAIChatProvider)
 PROVIDERS.add("openai_responses", OpenAIResponsesProvider)
 PROVIDERS.add("google", GoogleProvider)
 
-# Body-shape detection order: the most specific shapes first.
-_BODY_ORDER = ("openai_responses", "google", "anthropic", "openai_chat")
+# Body-shape detection order: the most specific shapes first; providers added later go
+# before openai_chat, whose shape (a ``messages`` list) is the loosest.
+_BODY_FIRST = ("openai_responses", "google", "anthropic")
+_BODY_LAST = ("openai_chat",)
+
+
+def routing_table() -> RoutingTable:
+    """The routing facts of every registered provider, read when asked (so a provider added
+    at runtime is served at once)."""
+    return RoutingTable(routing_of(name) for name in PROVIDERS)
+
+
+def routing_of(name: str) -> ProviderRouting:
+    routing = getattr(PROVIDERS.get(name), "routing", None)
+    if not isinstance(routing, ProviderRouting):
+        raise ConfigError(f"provider {name!r} declares no routing (a ProviderRouting)")
+    return routing
 
 
 class ProviderSet:
@@ -42,9 +59,11 @@ class ProviderSet:
         return None
 
     def by_body(self, body: Any) -> Provider | None:
-        for name in _BODY_ORDER:
-            if self.by_name[name].matches_body(body):
-                return self.by_name[name]
+        added = [name for name in self.by_name if name not in _BODY_FIRST + _BODY_LAST]
+        for name in (*_BODY_FIRST, *added, *_BODY_LAST):
+            provider = self.by_name.get(name)
+            if provider is not None and provider.matches_body(body):
+                return provider
         return None
 
     def fallback(self, ctx: RequestContext, body_of: Callable[[], Any]) -> Provider | None:
