@@ -26,11 +26,12 @@ from polar.evaluators.registry import create_evaluator
 from polar.gateway.call_budget import until_calls_spent
 from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.gateway.lifecycle import NodeSession, RunOutcome
-from polar.gateway.sessions import GatewaySession, SessionTable, base_urls
+from polar.gateway.sessions import GatewaySession, SessionTable, session_url
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.install import default_prefix
 from polar.harnesses.registry import harness_for
 from polar.harnesses.runner import run_launch
+from polar.providers.registry import routing_table
 from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.registry import create_runtime
 from polar.runtimes.safe_files import make_dirs
@@ -63,16 +64,11 @@ class NodeContext:
 
 
 def session_env(runtime: Runtime, session_id: str, task_id: str) -> dict[str, str]:
-    """The environment every harness gets: all four providers pointed at this session."""
-    urls = base_urls(runtime.gateway_url_inside, session_id)
+    """The environment every harness gets: every provider's SDK pointed at this session."""
+    root = session_url(runtime.gateway_url_inside, session_id)
     polar_dir = f"{runtime.home.rstrip('/')}/.polar"
     return {
-        "OPENAI_BASE_URL": urls["openai"],
-        "OPENAI_API_KEY": session_id,
-        "ANTHROPIC_BASE_URL": urls["anthropic"],
-        "ANTHROPIC_API_KEY": session_id,
-        "GOOGLE_GEMINI_BASE_URL": urls["google"],
-        "GEMINI_API_KEY": session_id,
+        **routing_table().sdk_env(root, session_id),
         "POLAR_SESSION_ID": session_id,
         "SESSION_ID": session_id,
         "TASK_ID": task_id,
