@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from polar.engines.types import EngineResult, ModelInfo, SampledTokens
+from polar.engines.types import EngineResult, ModelInfo, PrefixCacheCounters, SampledTokens
 from polar.errors import ConfigError
 from polar.providers.types import NormalizedRequest
 
@@ -36,6 +36,10 @@ class Engine(ABC):
     async def model_info(self) -> ModelInfo | None:
         """The served model and its context window, if the engine says (``/v1/models``)."""
         return None
+
+    async def prefix_cache_counters(self) -> dict[str, PrefixCacheCounters]:
+        """The engine's own prefix-cache counters by replica; {} when it exposes none."""
+        return {}
 
     def local_tokenizer(self) -> object | None:
         """The tokenizer of an in-process engine (the gateway renders with the same one)."""

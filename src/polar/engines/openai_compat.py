@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import httpx
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from polar.engines import routed_experts
 from polar.engines.base import Engine
@@ -13,7 +14,7 @@ from polar.engines.capture import capture_from_response
 from polar.engines.http import AiohttpEngineHTTP, EngineHTTP, HttpxEngineHTTP, RawReply
 from polar.engines.pool import routing_key
 from polar.engines.token_in import from_vllm_completion
-from polar.engines.types import EngineResult, ModelInfo, SampledTokens
+from polar.engines.types import EngineResult, ModelInfo, PrefixCacheCounters, SampledTokens
 from polar.errors import (
     EngineError,
     EngineRejected,
@@ -146,6 +147,14 @@ class OpenAICompatEngine(Engine):
             root=str(first["root"]) if first.get("root") else None,
         )
 
+    async def prefix_cache_counters(self) -> dict[str, PrefixCacheCounters]:
+        """vLLM's counters from its ``/metrics`` ({} for a server without them)."""
+        response = await self._http.get("/metrics")
+        if response.status >= 400:
+            return {}
+        counters = read_prefix_cache(response.content.decode("utf-8", "replace"))
+        return {self.name: counters} if counters is not None else {}
+
     async def count_tokens(self, request: NormalizedRequest) -> int:
         body: dict[str, Any] = {
             "model": request.model,
@@ -217,3 +226,21 @@ def _retry_after(response: RawReply) -> float | None:
         return float(value) if value else None
     except ValueError:
         return None
+
+
+def read_prefix_cache(text: str) -> PrefixCacheCounters | None:
+    """vLLM's prefix-cache query and hit counters in a Prometheus exposition, summed over its
+    engines and models; None when the text has no such counters."""
+    totals = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0}
+    seen = False
+    for family in text_string_to_metric_families(text):
+        if family.name in totals:
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    totals[family.name] += sample.value
+                    seen = True
+    if not seen:
+        return None
+    return PrefixCacheCounters(
+        totals["vllm:prefix_cache_queries"], totals["vllm:prefix_cache_hits"]
+    )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from polar.engines.base import Engine
-from polar.engines.types import EngineResult, ModelInfo, SampledTokens
+from polar.engines.types import EngineResult, ModelInfo, PrefixCacheCounters, SampledTokens
 from polar.errors import EngineUnavailable
 from polar.providers.types import NormalizedRequest
 
@@ -123,6 +123,19 @@ class EnginePool(Engine):
     async def model_info(self) -> ModelInfo | None:
         info, _, _ = await self._routed(None, lambda engine: engine.model_info())
         return info
+
+    async def prefix_cache_counters(self) -> dict[str, PrefixCacheCounters]:
+        """Each healthy replica's counters, under its name (a replica that fails to answer is
+        left out of this scrape)."""
+        healthy = [r for r in self.replicas if r.healthy]
+        answers = await asyncio.gather(
+            *(r.engine.prefix_cache_counters() for r in healthy), return_exceptions=True
+        )
+        out: dict[str, PrefixCacheCounters] = {}
+        for replica, answer in zip(healthy, answers, strict=True):
+            if isinstance(answer, dict) and answer:
+                out[replica.name] = sum(answer.values(), PrefixCacheCounters(0.0, 0.0))
+        return out
 
     def local_tokenizer(self) -> object | None:
         return self.replicas[0].engine.local_tokenizer()

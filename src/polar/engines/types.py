@@ -64,6 +64,22 @@ class SampledTokens:
 
 
 @dataclass(frozen=True)
+class PrefixCacheCounters:
+    """An engine's own prefix-cache counters since it started, in prompt tokens (vLLM's
+    ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``)."""
+
+    queries: float
+    hits: float
+
+    def __add__(self, other: PrefixCacheCounters) -> PrefixCacheCounters:
+        return PrefixCacheCounters(self.queries + other.queries, self.hits + other.hits)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What an engine serves: the model name it answers to and its context window."""
 

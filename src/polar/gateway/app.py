@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
 from polar.engines.pool import RecallReplica, replica_of
 from polar.engines.registry import create_engine
+from polar.engines.types import PrefixCacheCounters
 from polar.errors import EngineTimeout, EngineUnavailable
 from polar.gateway import admin
 from polar.gateway.config import GatewayConfig
@@ -120,6 +122,7 @@ def create_app(
     async def prometheus_metrics() -> Response:
         """Prometheus metrics, in the text exposition format (docs/observability.md)."""
         node = gateway.node
+        metrics.engine_prefix_cache(await _prefix_cache(engine))
         return metrics.response(store, sessions, node.status() if node is not None else None)
 
     async def models(request: Request) -> Response:
@@ -141,3 +144,13 @@ def create_app(
 def _recall_replica(store: CaptureStore) -> RecallReplica:
     """Where a session's last recorded call ran: a pool keeps sessions there across restarts."""
     return lambda session_id: replica_of(store.last_engine(session_id))
+
+
+async def _prefix_cache(engine: Engine) -> dict[str, PrefixCacheCounters]:
+    """The engine's prefix-cache counters for a scrape; an engine that is slow or down leaves
+    them out rather than failing or stalling the scrape."""
+    try:
+        return await asyncio.wait_for(engine.prefix_cache_counters(), 5.0)
+    except Exception as exc:  # the scrape reports the gateway even when its engine is gone
+        log.info("engine prefix-cache counters unavailable: %s", exc)
+        return {}

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from starlette.responses import Response
 
 from polar.capture.store import CaptureStore
+from polar.engines.types import PrefixCacheCounters
 from polar.errors import ClientDisconnected, GatewayError
 from polar.gateway.sessions import SessionTable
 from polar.schemas.node import NodeStatus
@@ -90,6 +91,25 @@ class GatewayMetrics:
             "polar_gateway_sampled_tokens_total",
             "Tokens the engine sampled for the calls captured, by provider API.",
             ["provider"],
+            registry=r,
+        )
+        self.prefix_cache_ratio = Gauge(
+            "polar_gateway_engine_prefix_cache_hit_ratio",
+            "Share of prompt tokens the engine found in its prefix cache since it started, per "
+            'replica and over all (replica="all"), from the engine\'s own counters.',
+            ["replica"],
+            registry=r,
+        )
+        self.prefix_cache_queries = Gauge(
+            "polar_gateway_engine_prefix_cache_queries",
+            "The engine's own prefix-cache query counter (prompt tokens), per replica.",
+            ["replica"],
+            registry=r,
+        )
+        self.prefix_cache_hits = Gauge(
+            "polar_gateway_engine_prefix_cache_hits",
+            "The engine's own prefix-cache hit counter (prompt tokens), per replica.",
+            ["replica"],
             registry=r,
         )
         self.capture_queue = Gauge(
@@ -162,6 +182,18 @@ class GatewayMetrics:
         self.sampled_tokens.labels(provider).inc(sampled)
 
     # -- scraping ------------------------------------------------------------------------
+
+    def engine_prefix_cache(self, counters: dict[str, PrefixCacheCounters]) -> None:
+        """The engines' prefix-cache counters as read for this scrape (replicas that did not
+        answer keep their last values)."""
+        if not counters:
+            return
+        total = sum(counters.values(), PrefixCacheCounters(0.0, 0.0))
+        for replica, c in [*counters.items(), ("all", total)]:
+            self.prefix_cache_queries.labels(replica).set(c.queries)
+            self.prefix_cache_hits.labels(replica).set(c.hits)
+            if c.hit_ratio is not None:
+                self.prefix_cache_ratio.labels(replica).set(c.hit_ratio)
 
     def response(
         self, store: CaptureStore, sessions: SessionTable, node: NodeStatus | None

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.responses import PlainTextResponse
 
 from polar.capture.store import CaptureStore
 from polar.engines.pool import FLAG_REPLICA_MOVED, routing_key
@@ -26,9 +27,25 @@ from polar.trajectory.prefix_merging import PrefixMergingBuilder
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def _replica(tokenizer: Any) -> BackgroundServer:
+def _replica(tokenizer: Any, cache: tuple[int, int] | None = None) -> BackgroundServer:
+    """A scripted vLLM-shaped replica; ``cache`` (queries, hits) adds vLLM's /metrics."""
     backend = ScriptedBackend(Script(), tokenizer=tokenizer)
-    return BackgroundServer(create_scripted_app(backend)).start()
+    app = create_scripted_app(backend)
+    if cache is not None:
+        text = VLLM_METRICS.format(queries=cache[0], hits=cache[1])
+        app.router.add_route("/metrics", lambda _: PlainTextResponse(text), methods=["GET"])
+    return BackgroundServer(app).start()
+
+
+# vLLM 0.32's exposition of its two prefix-cache counters (prometheus_client text format).
+VLLM_METRICS = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="SmolLM2-135M-Instruct"}} {queries}.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="SmolLM2-135M-Instruct"}} {hits}.0
+"""
 
 
 @pytest.fixture
@@ -200,3 +217,23 @@ def test_pool_config_refuses_ambiguous_reach() -> None:
         EngineConfig(kind="vllm", base_url="http://a", replicas=["http://b"])
     with pytest.raises(ValueError, match="router routes by itself"):
         EngineConfig(kind="vllm", router="vllm-router", replicas=["http://b"])
+
+
+def test_gateway_metrics_report_each_replicas_prefix_cache_hit_ratio_and_the_total(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    servers = [_replica(tokenizer, (1000, 900)), _replica(tokenizer, (3000, 1500))]
+    gateway = Gateway(tmp_path / "c.db", [s.url for s in servers])
+    try:
+        text = httpx.get(f"{gateway.server.url}/metrics", headers=gateway.admin).text
+        ratios = {
+            line.split('replica="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("polar_gateway_engine_prefix_cache_hit_ratio{")
+        }
+        names = [f"{s.host}:{s.port}" for s in servers]
+        assert ratios == {names[0]: 0.9, names[1]: 0.5, "all": 2400 / 4000}
+    finally:
+        gateway.close()
+        for server in servers:
+            server.stop()
