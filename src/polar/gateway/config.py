@@ -41,6 +41,12 @@ class NodeConfig(BaseModel):
     init_workers: int = Field(2, ge=1, description="Sessions starting a runtime at once.")
     run_workers: int = Field(4, ge=1, description="Harnesses running at once (run slots).")
     postrun_workers: int = Field(2, ge=1, description="Build/evaluate/teardown at once.")
+    evaluator_threads: int = Field(
+        8,
+        ge=1,
+        description="Threads for POST-RUN's blocking work (evaluators' reads and waits), apart "
+        "from the loop's: a wedged evaluator costs one of these, never a call's thread.",
+    )
     ready_buffer: int = Field(
         4,
         ge=0,

@@ -29,11 +29,13 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 from polar.gateway.config import NodeConfig
+from polar.gateway.executors import node_evaluator_pool, route_default_executor
 from polar.logs import log_event
 from polar.schemas.node import (
     NodeSessionInfo,
@@ -43,6 +45,7 @@ from polar.schemas.node import (
     Workers,
 )
 from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, settle_failure
+from polar.schemas.trajectory import Trajectory
 
 log = logging.getLogger("polar.gateway.lifecycle")
 
@@ -79,6 +82,9 @@ class SessionWork(Protocol):
 
     async def abort(self) -> None:
         """Release whatever was started (the runtime), quickly; safe to call at any point."""
+
+    # Optional: ``built``, the trajectory once POST-RUN has built it. A POST-RUN that fails or
+    # runs past its bound after that (a wedged evaluator) still returns it, with no reward.
 
 
 WorkFactory = Callable[["NodeSession"], SessionWork]
@@ -263,11 +269,17 @@ class Lifecycle:
         self._post_q: asyncio.Queue[NodeSession] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[Any]] = set()
+        # An evaluator's blocking work (a read of the workspace, a grader's waits) has its own
+        # threads: a wedged evaluator costs evaluator capacity, never the loop's executor.
+        self._evaluator_threads = ThreadPoolExecutor(
+            config.evaluator_threads, thread_name_prefix=f"polar-evaluator-{config.node_id}"
+        )
 
     # -- start / stop --------------------------------------------------------------------
 
     def start(self) -> None:
         c = self.config
+        route_default_executor()
         pools: list[tuple[str, Callable[[], Coroutine[Any, Any, None]], int]]
         if c.ready_buffer > 0:
             pools = [
@@ -295,6 +307,8 @@ class Lifecycle:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A thread still blocked (a wedged evaluator) is left to end alone; none waits for it.
+        self._evaluator_threads.shutdown(wait=False, cancel_futures=True)
 
     # -- the node API ----------------------------------------------------------------------
 
@@ -430,11 +444,13 @@ class Lifecycle:
             work = session.work
             assert work is not None
             bound = session.dispatch.task.evaluator.timeout_seconds
-            result = await self._stage(session, work.postrun(session.outcome), budget_s=bound)
+            with node_evaluator_pool(self._evaluator_threads):
+                result = await self._stage(session, work.postrun(session.outcome), bound)
             if not isinstance(result, SessionResult):
                 self._fail_postrun(session, result, bound)
                 await self._released(work.abort())
-                result = self._bare_result(session)
+                built: Trajectory | None = getattr(work, "built", None)
+                result = self._bare_result(session).model_copy(update={"trajectory": built})
             await self._finish(session, result)
 
     def _fail_postrun(self, session: NodeSession, failure: Any, bound: float) -> None:

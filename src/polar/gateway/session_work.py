@@ -25,6 +25,7 @@ from polar.evaluators.base import EvaluationContext, EvaluationResult
 from polar.evaluators.registry import create_evaluator
 from polar.gateway.call_budget import until_calls_spent
 from polar.gateway.config import GatewayConfig, NodeConfig
+from polar.gateway.executors import evaluator_threads
 from polar.gateway.lifecycle import NodeSession, RunOutcome
 from polar.gateway.sessions import GatewaySession, SessionTable, session_url
 from polar.harnesses.base import HarnessContext
@@ -90,6 +91,7 @@ class RolloutWork:
         self.fresh: Runtime | None = None
         self._prewarm: asyncio.Task[None] | None = None
         self.exit_code: int | None = None
+        self.built: Trajectory | None = None
 
     # -- INIT ------------------------------------------------------------------------------
 
@@ -158,7 +160,7 @@ class RolloutWork:
         evaluation: EvaluationResult | None = None
         try:
             session.set_status(SessionStatus.BUILDING)
-            trajectory = await self._build(status)
+            trajectory = self.built = await self._build(status)
             if trajectory is not None and self._can_evaluate(outcome):
                 session.set_status(SessionStatus.EVALUATING)
                 try:
@@ -241,7 +243,8 @@ class RolloutWork:
             workspace=runtime.workspace_path,
             fresh_runtime=self._fresh_runtime,
         )
-        return await evaluator.evaluate(ctx)
+        with evaluator_threads():  # its to_thread work on the node's evaluator pool
+            return await evaluator.evaluate(ctx)
 
     async def _start_fresh(self) -> None:
         """Pre-warm the evaluator's fresh runtime while the harness runs."""
