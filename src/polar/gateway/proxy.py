@@ -51,7 +51,7 @@ from polar.gateway.streaming import early_refusal, live_stream
 from polar.harnesses.registry import harnesses, side_call_tag
 from polar.logs import log_event
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
-from polar.providers.registry import ProviderSet
+from polar.providers.registry import ProviderSet, routing_table
 from polar.providers.stateful import RETRIEVE
 from polar.providers.types import Completion, NormalizedRequest
 from polar.rendering.renderer import PromptPlan
@@ -59,8 +59,6 @@ from polar.schemas.ids import is_valid_id
 
 log = logging.getLogger("polar.gateway")
 T = TypeVar("T")
-
-_BARE_PATHS = {"", "/", "/v1", "/v1/", "/v1beta", "/v1beta/"}
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -115,7 +113,8 @@ class Proxy:
         # the caller's shape as far as it is known).
         provider = matched[0] if matched else self.providers.by_headers(ctx)
         try:
-            if matched is None and (ctx.path not in _BARE_PATHS or request.method != "POST"):
+            bare = ctx.path in routing_table().bare_paths and request.method == "POST"
+            if matched is None and not bare:
                 raise NotFound(f"no model API at {request.method} {ctx.path}")
             if matched is not None and matched[1] == RETRIEVE:
                 session = self._known_session(key or key_from_headers(ctx.headers, ctx.query))
