@@ -130,6 +130,7 @@ def tool_use(
     timeout_s: float = 300.0,
     max_calls: int | None = 6,
     builder: str = "prefix_merging",
+    turn_rewards: list[dict[str, Any]] | None = None,
 ) -> list[TaskRequest]:
     """``count`` tool-use tasks through ``harness`` (settings default to a compact Pi).
 
@@ -138,7 +139,8 @@ def tool_use(
     ``max_calls`` is the gateway's turn limit (``agent.max_model_calls``): a chore takes three
     calls, and a policy that repeats a tool call ends there instead of at ``timeout_s``.
     ``builder`` is the trajectory builder (``per_request`` for the builder ablation: one trace
-    per call instead of one per session).
+    per call instead of one per session). ``turn_rewards`` are per-turn reward hooks
+    (``[{strategy: tool_errors}]``) for turn-level credit (``advantage.turn_reward_weight``).
     """
     from polar.harnesses.install import default_prefix
     from polar.harnesses.registry import CLI_PRESETS, create_harness
@@ -178,6 +180,7 @@ def tool_use(
                         "max_model_calls": max_calls,
                     },
                     "builder": {"strategy": builder},
+                    "turn_rewards": list(turn_rewards or []),
                     "evaluator": {
                         "strategy": "test_on_output",
                         "config": {"command": chore.check, "timeout_s": 30},

@@ -57,3 +57,13 @@ def test_zeroed_failures_get_no_turn_bonus():
     scored, _ = compute_advantages([*group(), timeout], AdvantageConfig(turn_reward_weight=1.0))
     (zeroed,) = [s for s in scored if s.session_id == "c"]
     assert zeroed.advantage == 0.0 and zeroed.token_bonus is None
+
+
+def test_the_tool_use_source_passes_turn_reward_hooks_to_its_tasks():
+    from polar.training.tool_use import tool_use
+
+    hooks = [{"strategy": "tool_errors"}]
+    (task,) = tool_use("train", 1, 1, turn_rewards=hooks, runtime="local")
+    assert [spec.strategy for spec in task.turn_rewards] == ["tool_errors"]
+    (plain,) = tool_use("train", 1, 1, runtime="local")
+    assert plain.turn_rewards == []
