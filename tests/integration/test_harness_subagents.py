@@ -1,4 +1,8 @@
-"""Claude Code, the real CLI, spawning a sub-agent (its Agent tool, formerly Task): the session tree from its calls."""
+"""Real CLIs spawning sub-agents on the scripted engine: the session tree from their calls alone.
+
+Claude Code through its Agent tool (formerly Task), opencode through its task tool (a child
+session). Each yields the main trace and a sub-agent trace parented on the spawning call.
+"""
 
 from __future__ import annotations
 
@@ -66,3 +70,34 @@ async def test_claude_code_subagent_is_a_branch_of_the_main_trace(
     scored, _ = compute_advantages(samples)
     mine = [s.advantage for s in scored if s.session_id == run.key]
     assert len(mine) == 2 and mine[0] == mine[1] > 0
+
+
+async def test_opencode_subagent_is_a_branch_of_the_main_trace(
+    live_gateway: Any, tmp_path: Path, harness_prefix: Path
+) -> None:
+    task_call = (
+        "task",
+        {"description": "List files", "prompt": SUB_TASK, "subagent_type": "general"},
+    )
+    replies = [
+        ScriptedReply(tool_calls=[task_call]),
+        ScriptedReply(content="There are no files."),
+        ScriptedReply(content=FINAL),
+    ]
+    run = await run_cli(live_gateway, tmp_path, harness_prefix, "opencode", replies)
+    assert run.outcome.exit_code == 0, run.outcome
+    agent = [r for r in run.records if not r.tags]
+    assert len(agent) == 3, [(r.tags, r.response) for r in run.records]
+    main1, sub, main2 = agent
+    assert sub.upstream_request["messages"][-1]["content"] == SUB_TASK
+
+    trajectory = create_builder("prefix_merging").build(run.records)
+    by_first = {t.metadata["completion_ids"][0]: t for t in trajectory.traces}
+    root, branch = by_first[main1.completion_id], by_first[sub.completion_id]
+    assert root.metadata["completion_ids"] == [main1.completion_id, main2.completion_id]
+    assert branch.lineage is not None
+    assert (branch.lineage.kind, branch.lineage.reason) == (
+        TraceKind.SUBAGENT,
+        "shares_only_system_prefix",
+    )
+    assert branch.lineage.parent_call == main1.completion_id
