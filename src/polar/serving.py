@@ -13,7 +13,7 @@ engine pool, the store and sandboxes their ``open()`` (``Too many open files``).
 soft descriptor limit is raised to the hard one at start, and the cap and the accept burst
 are derived from it (:func:`connection_cap`). h11 bounds the headers only while they arrive
 in pieces; :class:`_GuardedH11Protocol` counts them itself, so ``max_header_bytes`` holds
-when they arrive in one read too.
+when they arrive in one read too, and for a pipelined request that arrived with the one before.
 """
 
 from __future__ import annotations
@@ -220,6 +220,13 @@ class _GuardedH11Protocol(H11Protocol):
             # Answered before the body was read (a refused key, a body over the limit): close
             # rather than read the rest only to discard it, as uvicorn otherwise would.
             self.transport.close()
+            return
+        # A pipelined request that came in the same read as an earlier one waits in h11's
+        # buffer, never counted by data_received: count it before uvicorn parses it.
+        pending, _ = self.conn.trailing_data
+        self._head_bytes, self._head_tail = 0, b""
+        if pending and self._head_too_large(pending):
+            self._refuse_head()
             return
         super().on_response_complete()
 

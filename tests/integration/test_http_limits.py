@@ -315,3 +315,29 @@ def test_headers_over_the_limit_are_a_400_even_in_one_read(
     sock.close()
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert call(gateway, key).status_code == 200  # and the server goes on serving
+
+
+def test_a_pipelined_request_over_the_header_limit_is_a_400(gateway: BackgroundServer) -> None:
+    """The second of two requests sent in one write waits in h11's buffer while the first is
+    answered; before, its head was never counted and 40 KB of headers got a 200."""
+    key = new_session(gateway)
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+    def request(extra: str) -> bytes:
+        head = (
+            f"POST /s/{key}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n{extra}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.settimeout(5.0)
+    sock.sendall(request("") + request("x-big: " + "a" * 40_000 + "\r\n"))
+    answer = b""
+    while chunk := sock.recv(65536):  # until the server closes the connection
+        answer += chunk
+    sock.close()
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
+    assert statuses == [b"200", b"400"], answer[-400:]
+    assert b"exceed 32768 bytes" in answer
+    assert call(gateway, key).status_code == 200
