@@ -256,6 +256,27 @@ class ScriptedBackend:
             for i, t in enumerate(sampled)
         ]
 
+    def run_to_stop(
+        self,
+        sampled: list[int],
+        finish: str,
+        stop: str | int | None,
+        body: dict[str, Any],
+        room: int,
+    ) -> tuple[list[int], str, str | int | None]:
+        """The ids as a real engine emits them on the token path: it stops only at the model's
+        eos or a ``stop_token_ids`` entry (kept, vLLM's ``stop_reason`` is the id), so a turn
+        ended by any other token runs on, the model writing its turn again, to the budget."""
+        eos = self.tokenizer.eos_token_id
+        asked = {t for t in body.get("stop_token_ids") or [] if isinstance(t, int)}
+        for i, token in enumerate(sampled):
+            if token == eos or token in asked:
+                return sampled[: i + 1], "stop", token if token != eos else None
+        if finish == "length" or stop is not None or not sampled:
+            return sampled, finish, stop
+        run_on = (sampled * (room // len(sampled) + 1))[:room]
+        return run_on, "length", None
+
     def respond_tokens(self, body: dict[str, Any], reply: ScriptedReply) -> dict[str, Any]:
         """``/v1/completions`` with a token prompt, shaped like vLLM's ``return_token_ids``."""
         self.check_model(body)
@@ -269,7 +290,9 @@ class ScriptedBackend:
             or not all(isinstance(t, int) and 0 <= t < vocab for t in prompt)
         ):
             raise EngineRefusal(400, "prompt must be a non-empty list of token ids")
-        sampled, finish, _, stop = self.sample(reply, self.room(prompt, body), _stops(body))
+        room = self.room(prompt, body)
+        sampled, finish, _, stop_string = self.sample(reply, room, _stops(body))
+        sampled, finish, stop = self.run_to_stop(sampled, finish, stop_string, body, room)
         if pattern is not None and finish != "length":
             _check_regex(pattern, self.tokenizer.decode(sampled, skip_special_tokens=True))
         entries = self.logprob_entries(sampled)

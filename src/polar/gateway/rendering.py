@@ -259,6 +259,9 @@ class TokenPrompts:
             fit_output_budget(request, len(plan.ids), window, flags)
         else:
             default_output_budget(request, self.default_max_tokens, flags)
+        # The family's turn ends stop the engine even where the model's generation config
+        # lacks them (else it writes past its turn); on the record with the sampling params.
+        request.params.stop_token_ids = sorted(self.renderer.turn_ends)
         flags.append(FLAG_RENDERED_BY_GATEWAY)
         if plan.spliced_from is not None:
             flags.append(FLAG_SPLICED)
@@ -296,7 +299,11 @@ class TokenPrompts:
                 "sampled tool calls"
             )
             parsed = replace(parsed, tool_calls=parsed.tool_calls[:1])
-        finish = "tool_calls" if parsed.tool_calls else tokens.finish_reason
+        # A turn cut by the budget says so even when it holds complete calls, as vLLM's
+        # streamed chat does (providers: Anthropic max_tokens, Gemini MAX_TOKENS, Responses
+        # incomplete), so a client can tell a truncated turn from a finished one.
+        cut = tokens.finish_reason == "length"
+        finish = "tool_calls" if parsed.tool_calls and not cut else tokens.finish_reason
         prompt_ids = tokens.prompt_ids if tokens.prompt_ids is not None else plan.ids
         completion = Completion(
             id=tokens.engine_id or "cmpl-" + uuid.uuid4().hex,

@@ -32,6 +32,10 @@ class SamplingParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    # Token ids that end the turn (vLLM/SGLang ``stop_token_ids``): set by the gateway on the
+    # token path from the family's turn ends, so a model whose generation config lacks them
+    # still stops where the family ends a turn. Clients do not set it.
+    stop_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         # Checked once here so every adapter rejects impossible values with a clear 400.
