@@ -13,6 +13,7 @@ page includes through :func:`environment` (autoescaped, so token text and tool o
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -104,6 +105,8 @@ class TraceView:
     trainable: int
     finish_reason: str | None
     break_reason: object
+    lineage: str | None  # e.g. "subagent of trace 0 (claude_code_subagent_prompt)"
+    masked: str | None  # sampled tokens masked, by reason: "retry_abandoned 3"
     prompt_text: str
     turns: list[SampledTurn | BetweenTurns]
     messages: list[MessageView]
@@ -169,10 +172,27 @@ def trace_view(trace: Trace, index: int, decoder: TokenText) -> TraceView:
         trainable=sum(trace.loss_mask),
         finish_reason=trace.finish_reason,
         break_reason=trace.metadata.get("break_reason"),
+        lineage=_lineage(trace),
+        masked=_masked(trace),
         prompt_text=decoder.join(trace.prompt_ids),
         turns=turns,
         messages=[_message(m) for m in [*trace.prompt_messages, *trace.response_messages]],
     )
+
+
+def _lineage(trace: Trace) -> str | None:
+    line = trace.lineage
+    if line is None:
+        return None
+    parent = f" of trace {line.parent_trace}" if line.parent_trace is not None else ""
+    return f"{line.kind.value}{parent} ({line.reason})"
+
+
+def _masked(trace: Trace) -> str | None:
+    tokens: Counter[str] = Counter()
+    for span in trace.masked:
+        tokens[span.reason.value] += span.end - span.start
+    return ", ".join(f"{reason} {n}" for reason, n in sorted(tokens.items())) or None
 
 
 def _sampled_turn(

@@ -204,3 +204,19 @@ def test_block_index_finds_the_same_parent_as_comparing_every_earlier_prompt():
             if shared:
                 assert lineage.common_prefix(arrays[parent], q) == shared
             index.add(i, q)
+
+
+def test_the_trajectory_view_names_each_traces_kind_parent_and_masks(smollm2):
+    from polar.trajectory.html import TokenText, trace_view
+
+    calls = scripted_session()
+    traj = PrefixMergingBuilder({"eot_token_id": EOT}).build(calls)
+    views = {
+        t.metadata["completion_ids"][0]: trace_view(t, i, TokenText(smollm2))
+        for i, t in enumerate(traj.traces)
+    }
+    main1, sub1 = calls[0], calls[1]
+    assert views[main1.completion_id].lineage == "main (first_call)"
+    assert views[main1.completion_id].masked == "retry_abandoned 3"
+    assert views[sub1.completion_id].lineage == "subagent of trace 0 (claude_code_subagent_prompt)"
+    assert views[sub1.completion_id].masked is None
