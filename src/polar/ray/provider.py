@@ -11,7 +11,10 @@ A gateway that crashes is restarted by Ray on its node ``gateways.max_restarts``
 that budget Ray lets it die and frees its name while the node lives on. The provider sees the
 name gone, reports the node lost at once (its sessions fail now, not after ``node_grace_s``)
 and places a fresh gateway there: at once the first time, then after a doubling backoff, so a
-gateway that cannot start does not spin.
+gateway that cannot start does not spin. The fresh gateway has its predecessor's node id and
+work dir, so it normally finds the node credential kept there; the provider revokes that
+credential first all the same (the rollout server holds the admin token), so a replacement that
+lands without the file enrols anew with the enrolment secret instead of being refused.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class RayNodeProvider:
         self.clock = clock
         self._missing: dict[str, int] = {}  # Ray node id -> rounds its gateway's name was gone
         self._spent: dict[str, tuple[int, float]] = {}  # Ray node id -> (times, last time)
+        self._replacing: list[str] = []  # gateway node ids gone for good this round
         self._loop: asyncio.Task[None] | None = None
 
     # -- NodeProvider ----------------------------------------------------------------------
@@ -84,12 +88,18 @@ class RayNodeProvider:
 
     async def reconcile(self) -> list[str]:
         lost, retired = await asyncio.to_thread(self._reconcile)
+        replacing, self._replacing = self._replacing, []
         if self.host is not None:
             for node_id in retired:
                 await self.host.node_retired(node_id)
             if self.section.report_node_loss:
                 for node_id, reason in lost.items():
                     await self.host.node_lost(node_id, reason)
+            # Before the replacement is placed (a later round): it may not find the credential
+            # file (its predecessor died before writing it, the work dir was wiped), and the
+            # enrolment secret alone would be refused for an id with a credential on record.
+            for node_id in replacing:
+                await self.host.forget_credential(node_id)
         return list(lost)
 
     def refuse(self, request: TaskRequest) -> str | None:
@@ -133,6 +143,7 @@ class RayNodeProvider:
         gone = self._gone_for_good()
         for ray_node in gone:
             lost[gateway_node_id(ray_node)] = self._spend(ray_node)
+        self._replacing = [gateway_node_id(ray_node) for ray_node in gone]
         retired = []
         for node in nodes:
             ray_node = node["NodeID"]

@@ -30,6 +30,12 @@ class NodeHost(Protocol):
         """How many sessions ``node_id`` still owes (blocking; call from a thread)."""
         ...
 
+    async def forget_credential(self, node_id: str) -> None:
+        """The provider will start a fresh gateway as ``node_id``, whose last one is gone for
+        good: revoke the id's credential, so the fresh one enrols with the enrolment secret
+        whether or not it finds the credential file its predecessor kept."""
+        ...
+
 
 class NodeProvider(Protocol):
     """Starts, watches and stops gateway nodes for one rollout server."""

@@ -751,6 +751,12 @@ class RolloutService:
         await self._lose_node(node_id, rows, error, "node_lost", cause=reason, dead=newly_dead)
         return len(rows)
 
+    async def forget_credential(self, node_id: str) -> None:
+        """Revoke ``node_id``'s credential for its provider, which is replacing a gateway gone
+        for good (as ``DELETE /nodes/{id}`` does for an operator)."""
+        if await asyncio.to_thread(self.access.retire, node_id):
+            log.warning("node id %r: credential revoked for its replacement gateway", node_id)
+
     async def node_retired(self, node_id: str) -> None:
         """A draining node's gateway was stopped on purpose (its provider retired it): the node
         is drained now, not dead after ``node_grace_s``. What it still owed (past a drain

@@ -59,6 +59,7 @@ class FakeHost:
         self.lost: list[tuple[str, str]] = []
         self.retired: list[str] = []
         self.owed: dict[str, int] = {}
+        self.forgotten: list[str] = []
 
     async def node_lost(self, node_id: str, reason: str) -> int | None:
         self.lost.append((node_id, reason))
@@ -69,6 +70,9 @@ class FakeHost:
 
     def unfinished_on(self, node_id: str) -> int:
         return self.owed.get(node_id, 0)
+
+    async def forget_credential(self, node_id: str) -> None:
+        self.forgotten.append(node_id)
 
 
 class Clock:
@@ -127,7 +131,9 @@ async def test_a_gateway_gone_past_its_restarts_is_lost_at_once_and_replaced(
     [(lost, reason)] = host.lost
     assert lost == node and "restarts" in reason and "max_restarts 3" in reason
     assert cluster.actors == {B}  # the loss is reported before a replacement exists
+    assert host.forgotten == [node]  # and its credential revoked before one is placed
     assert await p.reconcile() == [] and len(host.lost) == 1
+    assert host.forgotten == [node]
     assert cluster.actors == {A, B}  # a fresh gateway on the same node, the next round
 
     # It dies again at once: replaced only after a backoff (a gateway that cannot start must
@@ -152,6 +158,7 @@ async def test_a_gateway_gone_past_its_restarts_is_lost_at_once_and_replaced(
     for _ in range(3):
         await p.reconcile()
     assert A in cluster.actors and len(host.lost) == 4
+    assert host.forgotten == [node] * 4
 
 
 async def test_a_restarting_gateway_is_not_lost(tmp_path: Path) -> None:

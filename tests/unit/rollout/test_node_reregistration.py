@@ -95,3 +95,58 @@ def test_an_operator_retires_an_id_so_it_may_enrol_anew(tmp_path: Path) -> None:
         assert httpx.delete(f"{url}/nodes/a", headers=bearer(admin), timeout=10).status_code == 404
         assert register(url, "a", credential).status_code == 401  # revoked
         assert register(url, "a", ENROL).status_code == 200
+
+
+async def test_a_ray_replacement_gateway_without_its_credential_file_enrols_again(
+    tmp_path: Path,
+) -> None:
+    """A gateway gone past its restarts is replaced on its node under the same id. The fresh
+    one normally finds the credential its predecessor kept in the work dir; if it lands
+    without it (the predecessor died before writing it, the dir was wiped), the enrolment
+    secret alone was refused (403: a credential on record) and the node had no gateway for
+    good. The provider, in the rollout server, revokes the credential before replacing."""
+    from polar.ray.actors import GatewaySpec, gateway_node_id
+    from polar.ray.config import RaySection
+    from polar.ray.provider import RayNodeProvider
+
+    ray_node = "a" * 28
+    node_id = gateway_node_id(ray_node)
+
+    class Cluster:
+        actors = {ray_node}
+
+        def nodes(self) -> list[dict[str, object]]:
+            return [{"NodeID": ray_node, "Alive": True, "Resources": {"polar_gateway": 1.0}}]
+
+        def existing(self) -> set[str]:
+            return set(self.actors)
+
+        def gateway_names(self) -> set[str]:
+            return {f"polar-gw-{n[:12]}" for n in self.actors}
+
+        def place(self, node: str, spec: GatewaySpec) -> None:
+            self.actors.add(node)
+
+        def remove(self, node: str) -> None:
+            self.actors.discard(node)
+
+    app = create_rollout_app(RolloutServerConfig(data_dir=tmp_path, enrolment_secret=ENROL))
+    with BackgroundServer(app) as server:
+        service = app.state.service
+        assert register(server.url, node_id, ENROL).status_code == 200  # the first gateway
+        section = RaySection.model_validate({"address": "auto"})
+        spec = GatewaySpec(
+            gateways=section.gateways, rollout_url=server.url, enrolment_secret=ENROL
+        )
+        cluster = Cluster()
+        provider = RayNodeProvider(section, spec, state_dir=tmp_path / "ray", cluster=cluster)  # type: ignore[arg-type]
+        provider.placed = {ray_node}
+        provider.host = service
+        cluster.actors = set()  # it died past its restarts; its node lives on
+        for _ in range(3):  # gone for good after two rounds, replaced on the next
+            await provider.reconcile()
+        assert cluster.actors == {ray_node}
+        # The replacement, with no credential file, enrols with the enrolment secret.
+        again = register(server.url, node_id, ENROL)
+        assert again.status_code == 200, again.text
+    service.store.close()
