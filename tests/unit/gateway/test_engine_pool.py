@@ -4,7 +4,6 @@ affinity after a gateway restart, and an external router's routing key."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +11,13 @@ import httpx
 import pytest
 from starlette.responses import PlainTextResponse
 
-from polar.capture.store import CaptureStore
 from polar.engines.pool import FLAG_REPLICA_MOVED, routing_key
 from polar.engines.registry import EngineConfig, create_engine
 from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
 from polar.engines.vllm import VLLMEngine
-from polar.gateway.app import create_app
-from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
-from polar.gateway.services import app_services
 from polar.providers.types import NormalizedRequest
-from polar.trajectory.prefix_merging import PrefixMergingBuilder
-
-MODEL = "SmolLM2-135M-Instruct"
+from pool_kit import MODEL, Gateway, assert_exact_single_chain, engines_of, new_sessions
 
 
 def _replica(tokenizer: Any, cache: tuple[int, int] | None = None) -> BackgroundServer:
@@ -57,79 +50,23 @@ def replicas(tokenizer: Any) -> Iterator[list[BackgroundServer]]:
             server.stop()
 
 
-class Gateway:
-    """A gateway app with a pool over the given replica URLs, served on loopback."""
-
-    def __init__(self, db: Path, urls: list[str]) -> None:
-        self.config = GatewayConfig(
-            capture_db=db,
-            served_model=MODEL,
-            render={"mode": "gateway", "tool_parser": "qwen3"},
-            engine=EngineConfig(kind="vllm", replicas=list(urls), health_interval_s=0.2),
-        )
-        self.store = CaptureStore(db)
-        self.app = create_app(self.config, store=self.store)
-        self._stack = ExitStack()
-        self.server = self._stack.enter_context(BackgroundServer(self.app))
-        self.admin = {"x-polar-admin-token": app_services(self.app).admin_token or ""}
-
-    def new_session(self) -> str:
-        reply = httpx.post(f"{self.server.url}/polar/sessions", json={}, headers=self.admin)
-        reply.raise_for_status()
-        return str(reply.json()["api_key"])
-
-    def turn(self, key: str, messages: list[dict[str, Any]]) -> None:
-        """One chat call; the reply joins the history, then the next user turn."""
-        reply = httpx.post(
-            f"{self.server.url}/s/{key}/v1/chat/completions",
-            json={"model": "m", "messages": messages, "max_tokens": 16},
-            timeout=30,
-        )
-        assert reply.status_code == 200, reply.text
-        messages.append(reply.json()["choices"][0]["message"])
-        messages.append({"role": "user", "content": f"and then {len(messages)}?"})
-
-    def close(self) -> None:
-        self._stack.close()
-        self.store.close()
-
-
-def _engines(store: CaptureStore, key: str) -> list[str]:
-    return [record.engine for record in store.records(key)]
-
-
-def _exact_single_chain(store: CaptureStore, key: str) -> None:
-    """Every call of the session merges into one trace whose trainable ids are the sampled ids."""
-    records = store.records(key)
-    trajectory = PrefixMergingBuilder().build(records)
-    assert len(trajectory.traces) == 1
-    trace = trajectory.traces[0]
-    sampled = [i for r in records for i in r.sampled_ids]
-    trained = [i for i, m in zip(trace.response_ids, trace.loss_mask, strict=True) if m]
-    assert trained == sampled
-
-
-def _sessions(gateway: Gateway, n: int) -> dict[str, list[dict[str, Any]]]:
-    return {gateway.new_session(): [{"role": "user", "content": f"task {i}"}] for i in range(n)}
-
-
 def test_every_call_of_a_session_stays_on_one_replica_and_sessions_spread(
     tmp_path: Path, replicas: list[BackgroundServer]
 ) -> None:
     gateway = Gateway(tmp_path / "c.db", [s.url for s in replicas])
     try:
-        sessions = _sessions(gateway, 4)
+        sessions = new_sessions(gateway, 4)
         for _ in range(3):
             for key, messages in sessions.items():
                 gateway.turn(key, messages)
-        used = {key: set(_engines(gateway.store, key)) for key in sessions}
+        used = {key: set(engines_of(gateway.store, key)) for key in sessions}
         assert all(len(labels) == 1 for labels in used.values()), used
         per_replica = [
             sum(1 for u in used.values() if f"vllm@{s.host}:{s.port}" in u) for s in replicas
         ]
         assert per_replica == [2, 2]
         for key in sessions:
-            _exact_single_chain(gateway.store, key)
+            assert_exact_single_chain(gateway.store, key)
     finally:
         gateway.close()
 
@@ -139,12 +76,12 @@ def test_a_replica_dying_mid_session_moves_its_sessions_and_contexts_stay_exact(
 ) -> None:
     gateway = Gateway(tmp_path / "c.db", [s.url for s in replicas])
     try:
-        sessions = _sessions(gateway, 4)
+        sessions = new_sessions(gateway, 4)
         for key, messages in sessions.items():
             gateway.turn(key, messages)
         dead = f"vllm@{replicas[0].host}:{replicas[0].port}"
         alive = f"vllm@{replicas[1].host}:{replicas[1].port}"
-        on_dead = [k for k in sessions if _engines(gateway.store, k) == [dead]]
+        on_dead = [k for k in sessions if engines_of(gateway.store, k) == [dead]]
         assert len(on_dead) == 2
         replicas[0].stop()
         for _ in range(2):
@@ -155,7 +92,7 @@ def test_a_replica_dying_mid_session_moves_its_sessions_and_contexts_stay_exact(
             assert [r.engine for r in records[1:]] == [alive, alive]
             moved = [FLAG_REPLICA_MOVED in r.flags for r in records]
             assert moved == ([False, True, False] if key in on_dead else [False, False, False])
-            _exact_single_chain(gateway.store, key)
+            assert_exact_single_chain(gateway.store, key)
     finally:
         gateway.close()
 
@@ -165,10 +102,10 @@ def test_affinity_survives_a_gateway_restart(
 ) -> None:
     urls = [s.url for s in replicas]
     first = Gateway(tmp_path / "c.db", urls)
-    sessions = _sessions(first, 4)
+    sessions = new_sessions(first, 4)
     for key, messages in sessions.items():
         first.turn(key, messages)
-    before = {key: _engines(first.store, key)[0] for key in sessions}
+    before = {key: engines_of(first.store, key)[0] for key in sessions}
     first.close()
     # Listed the other way round: a fresh pool would place sessions differently.
     second = Gateway(tmp_path / "c.db", list(reversed(urls)))
@@ -176,7 +113,7 @@ def test_affinity_survives_a_gateway_restart(
         for key, messages in sessions.items():
             second.turn(key, messages)
         for key in sessions:
-            assert _engines(second.store, key) == [before[key]] * 2
+            assert engines_of(second.store, key) == [before[key]] * 2
             assert not any(FLAG_REPLICA_MOVED in r.flags for r in second.store.records(key))
     finally:
         second.close()
