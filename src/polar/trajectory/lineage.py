@@ -9,10 +9,11 @@ prompt re-renders, then the latest). From that prefix relation:
 - its prompt equals (or ends within) the parent's: a second attempt; a ``retry`` when the first
   attempt was abandoned (no later call continues it; its sampled ids are then masked), else a
   parallel ``branch``;
+- it diverges and carries a compaction summary its parent does not (Claude Code's continued
+  session, Codex's summary message): a ``compaction``, a new agent, wherever it diverges;
 - it diverges after the parent's agent's first messages: that agent's history was rewritten;
-- it diverges earlier (at most the system prompt shared): a new agent: a ``compaction`` when
-  its messages carry a summary marker, else a ``subagent`` (Claude Code's sub-agent system
-  prompt is named as the evidence when present).
+- it diverges earlier (at most the system prompt shared): a new agent, a ``subagent`` (Claude
+  Code's sub-agent system prompt is named as the evidence when present).
 
 Cost: about linear in the session's prompt tokens: earlier prompts are found by hashes of
 their leading blocks (:class:`_PrefixIndex`), and only those sharing the most blocks are
@@ -35,11 +36,11 @@ from polar.schemas.trajectory import TraceKind
 NATURAL_STOPS = ("stop", "tool_calls")
 
 # Phrases harnesses put at the head of a compacted conversation (lower case).
+# Phrases harnesses put in the conversation that replaces a compacted one (lower case); not
+# those of the request asking for the summary, which merely extends the old conversation.
 COMPACTION_MARKERS = (
-    "continued from a previous conversation",  # Claude Code's compacted session
-    "produced a summary of its thinking",  # Codex's compaction summary prefix
-    "summary of the conversation so far",
-    "conversation summary",
+    "continued from a previous conversation",  # Claude Code: the continued session's first turn
+    "produced a summary of its thinking",  # Codex: the summary message closing the new history
 )
 CLAUDE_CODE_SUBAGENT = "You are an agent for Claude Code"
 
@@ -132,6 +133,10 @@ def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree
         elif shared == len(prompts[p]):
             link = CallLink(parent.completion_id, Relation.CONTINUES, role, "extends_prompt")
             roots.append(roots[p])
+        elif _compacts(call, parent):
+            kind, reason = TraceKind.COMPACTION, "summary_marker"
+            link = CallLink(parent.completion_id, Relation.NEW_AGENT, kind, reason)
+            roots.append(i)
         elif shared >= _anchor(prompts[roots[p]], eot):
             link = CallLink(parent.completion_id, Relation.REWRITES, role, "history_rewritten")
             roots.append(roots[p])
@@ -237,24 +242,36 @@ def _anchor(prompt: np.ndarray, eot: int | None) -> int:
     return int(ends[-1]) + 1 if len(ends) else len(prompt)
 
 
+def _compacts(call: CaptureRecord, parent: CaptureRecord) -> bool:
+    """Whether ``call``'s conversation carries a compaction summary its parent's does not.
+
+    Codex keeps the first messages and appends the summary, so a compacted conversation may
+    share far more than the system prompt with the one it replaces."""
+    return _has_marker(call) and not _has_marker(parent)
+
+
+def _has_marker(call: CaptureRecord) -> bool:
+    texts = _texts(call, first_user_only=False).lower()
+    return any(marker in texts for marker in COMPACTION_MARKERS)
+
+
 def _new_agent_role(call: CaptureRecord) -> tuple[TraceKind, str]:
     text = _texts(call).lower()
-    if any(marker in text for marker in COMPACTION_MARKERS):
-        return TraceKind.COMPACTION, "summary_marker"
     if CLAUDE_CODE_SUBAGENT.lower() in text:
         return TraceKind.SUBAGENT, "claude_code_subagent_prompt"
     return TraceKind.SUBAGENT, "shares_only_system_prefix"
 
 
-def _texts(call: CaptureRecord) -> str:
-    """The system and first user message texts of a call (normalized chat messages)."""
+def _texts(call: CaptureRecord, *, first_user_only: bool = True) -> str:
+    """The system and user message texts of a call (normalized chat messages): those up to the
+    first user message, or all of them."""
     out: list[str] = []
     users = 0
     for message in call.upstream_request.get("messages") or []:
         role = message.get("role")
         if role == "user":
             users += 1
-        if role not in ("system", "developer", "user") or users > 1:
+        if role not in ("system", "developer", "user") or (first_user_only and users > 1):
             continue
         out.append(content_text(message.get("content")))
     return "\n".join(out)

@@ -220,3 +220,40 @@ def test_the_trajectory_view_names_each_traces_kind_parent_and_masks(smollm2):
     assert views[main1.completion_id].masked == "retry_abandoned 3"
     assert views[sub1.completion_id].lineage == "subagent of trace 0 (claude_code_subagent_prompt)"
     assert views[sub1.completion_id].masked is None
+
+
+def test_codex_style_compaction_keeps_the_first_messages_and_appends_the_summary():
+    """Codex rebuilds history as its first messages plus a summary: it shares the whole first
+    prompt with the old conversation, yet is a compaction, not a rewrite of it."""
+    first = [{"role": "user", "content": "fix the bug"}]
+    old1 = record([1, 7, 99, 2, 8, 99, 3], [10, 99], messages=first)
+    old2 = record([1, 7, 99, 2, 8, 99, 3, 10, 99, 5], [11, 99], messages=first)
+    summary = "Another language model started to solve this problem and produced a summary of its thinking process. ..."
+    new = record(
+        [1, 7, 99, 2, 8, 99, 2, 66, 99, 3],
+        [12, 99],
+        messages=[*first, {"role": "user", "content": summary}],
+    )
+    later = record([1, 7, 99, 2, 8, 99, 2, 66, 99, 3, 12, 99, 5], [13, 99])
+    traj = PrefixMergingBuilder({"eot_token_id": EOT}).build([old1, old2, new, later])
+    traces = by_first_call(traj)
+    lineage = traces[new.completion_id].lineage
+    assert (lineage.kind, lineage.reason) == (TraceKind.COMPACTION, "summary_marker")
+    assert lineage.parent_call == old2.completion_id
+    assert traces[new.completion_id].metadata["completion_ids"] == [
+        new.completion_id,
+        later.completion_id,
+    ]
+
+
+def test_the_request_for_a_summary_is_not_itself_a_compaction():
+    """Claude Code asks for the summary by extending the old conversation: same agent."""
+    ask = "Your task is to create a detailed summary of the conversation so far."
+    r1 = record([1, 7, 99, 2, 8, 99, 3], [10, 99])
+    r2 = record(
+        [1, 7, 99, 2, 8, 99, 3, 10, 99, 2, 9, 99, 3],
+        [11, 99],
+        messages=[{"role": "user", "content": "fix"}, {"role": "user", "content": ask}],
+    )
+    (trace,) = PrefixMergingBuilder({"eot_token_id": EOT}).build([r1, r2]).traces
+    assert trace.lineage.kind is TraceKind.MAIN
