@@ -148,7 +148,7 @@ class ScriptedBackend:
         *,
         continue_final: bool = False,
     ) -> list[int]:
-        rendered = messages_for_plain_template(messages, tools)
+        rendered = messages_for_plain_template([_image_tokens(m) for m in messages], tools)
         ids = self.tokenizer.apply_chat_template(
             rendered,
             add_generation_prompt=not continue_final,
@@ -431,6 +431,19 @@ def _check_tool_choice(choice: Any, reply: ScriptedReply) -> None:
         raise EngineRefusal(
             400, f"structured output: the scripted reply does not honour tool_choice {choice!r}"
         )
+
+
+def _image_tokens(message: dict[str, Any]) -> dict[str, Any]:
+    """How the scripted model sees an image it takes (multimodal): its own ``<image>`` text,
+    standing in for a vision model's placeholder tokens."""
+    if not _has_image(message):
+        return message
+    parts = [
+        {"type": "text", "text": "<image>"} if p.get("type") == "image_url" else p
+        for p in message["content"]
+        if isinstance(p, dict)
+    ]
+    return {**message, "content": parts}
 
 
 def _has_image(message: Any) -> bool:

@@ -19,6 +19,7 @@ import contextlib
 import json
 from typing import Any
 
+from polar.errors import InvalidRequest
 from polar.rendering.parsers.hermes import HermesToolParser
 
 TOOLS_HEADER = (
@@ -54,17 +55,18 @@ def render_tools_block(tools: list[dict[str, Any]]) -> str:
 
 
 def flatten_content(content: Any) -> str:
-    """Message content as one string; non-text parts become a visible placeholder."""
+    """Message content as one string. Only text parts reach here: images are refused by name
+    (or sent to a multimodal engine) before any render, never turned into text."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     pieces = []
     for part in content:
-        if isinstance(part, dict) and part.get("type") == "text":
-            pieces.append(str(part.get("text", "")))
-        else:
-            pieces.append("[image]")
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InvalidRequest(f"a {kind!r} content part cannot be rendered as text")
+        pieces.append(str(part.get("text", "")))
     return "\n".join(pieces)
 
 
