@@ -80,14 +80,19 @@ def parse_config(model: type[ConfigT], spec: TurnRewardSpec) -> ConfigT:
     )
 
 
+# The next call of the same agent: it extends the call's prompt, or rewrites its history (a
+# template that drops past reasoning) and still carries the tool results.
+_SAME_AGENT = (Relation.CONTINUES, Relation.REWRITES)
+
+
 def session_turns(records: Sequence[CaptureRecord], tree: SessionTree | None = None) -> list[Turn]:
-    """Every call (time order) with the first later call that continues it."""
+    """Every call (time order) with the first later call of the same agent that follows it."""
     calls = sorted(records, key=lambda r: (r.seq, r.started_at))
     if tree is None:
         tree = session_tree(calls, learn_eot(calls))
     following: dict[str, CaptureRecord] = {}
     for call in calls:
         link = tree.links.get(call.completion_id)
-        if link is not None and link.parent is not None and link.relation is Relation.CONTINUES:
+        if link is not None and link.parent is not None and link.relation in _SAME_AGENT:
             following.setdefault(link.parent, call)
     return [Turn(call, following.get(call.completion_id)) for call in calls]

@@ -177,3 +177,22 @@ def test_registry_and_task_schema():
     assert task.turn_rewards[0].strategy == "tool_errors"
     with pytest.raises(ConfigError):
         create_turn_reward(TurnRewardSpec(strategy="tool_errors", config={"bogus": 1}))
+
+
+def test_a_next_call_that_rewrites_history_still_follows_the_turn():
+    """A template that drops past reasoning re-renders an earlier turn differently: the next
+    call diverges inside the previous prompt (a history rewrite), yet carries the tool result."""
+    c1, c2, c3 = session()
+    r1 = record([1, 2, 99, 3], [10, 99], messages=[USER], response=c1.response)
+    r2 = record(
+        [1, 2, 99, 3, 10, 99, 5],
+        [20, 99],
+        messages=c2.upstream_request["messages"],
+        response=c2.response,
+    )
+    r3 = record(
+        [1, 2, 99, 3, 10, 98, 5, 20, 99, 6], [30, 99], messages=c3.upstream_request["messages"]
+    )
+    turns = session_turns([r1, r2, r3])
+    assert [t.following for t in turns] == [r2, r3, None]
+    assert turns[1].results[0]["content"] == "3 passed"
