@@ -2,38 +2,10 @@
 
 from __future__ import annotations
 
-from polar.capture.records import CaptureRecord
 from polar.training.metrics import staleness
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
-
-def call(n: int, prompt: list[int], sampled: list[int], version: int) -> CaptureRecord:
-    return CaptureRecord(
-        completion_id=f"c{n}",
-        session_id="s",
-        seq=n,
-        provider="openai_chat",
-        model="m",
-        engine="scripted",
-        policy_version=version,
-        started_at=float(n),
-        finished_at=float(n),
-        upstream_request={"messages": []},
-        response={"role": "assistant", "content": ""},
-        prompt_ids=prompt,
-        sampled_ids=sampled,
-        logprobs=[-0.5] * len(sampled),
-        finish_reason="stop",
-    )
-
-
-def session() -> list[CaptureRecord]:
-    """Versions 3, 4, 5 on one chain: the engine's weights changed twice mid-session."""
-    return [
-        call(0, [1, 2], [10, 99], 3),
-        call(1, [1, 2, 10, 99, 5], [20, 21, 99], 4),
-        call(2, [1, 2, 10, 99, 5, 20, 21, 99, 6], [30, 99], 5),
-    ]
+from ..trajectory.test_session_tree import across_two_updates as session
 
 
 def test_step_reports_masked_stale_turns_and_version_lag():
