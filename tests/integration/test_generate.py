@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +140,17 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def snapshot(out: Path) -> dict[str, bytes]:
     names = ("attempts.jsonl", "dataset.jsonl", "acceptance.json", "acceptance.md")
     return {name: (out / name).read_bytes() for name in names}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_server_outlives_its_stack() -> Iterator[None]:
+    """Every stack a run starts is gone when the run returns: before, a gateway with a model
+    call in flight outlived its stop, and its node's heartbeat kept printing ConnectError
+    lines after pytest ended."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t.name == "polar-server" and t not in before]
+    assert not left, f"server threads outlived their stack: {left}"
 
 
 @pytest.fixture(scope="module")

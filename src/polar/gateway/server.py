@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -11,10 +12,17 @@ import uvicorn
 
 from polar.serving import ServerLimits, uvicorn_settings
 
+log = logging.getLogger("polar.gateway.server")
+
 
 class BackgroundServer:
     """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (read ``url``), and
-    ``sock`` serves an already bound socket (see :mod:`polar.gateway.listen`)."""
+    ``sock`` serves an already bound socket (see :mod:`polar.gateway.listen`).
+
+    ``stop`` ends the thread, the app's shutdown included: requests still in flight after
+    ``grace_s`` (a model call that is slow to answer) are cancelled. Without that bound uvicorn
+    waits for them before the app's shutdown, ``stop`` gave up first, and the thread lived on
+    past its stack: a node's heartbeat kept calling a rollout server already gone."""
 
     def __init__(
         self,
@@ -25,6 +33,7 @@ class BackgroundServer:
         loop: str = "auto",
         limits: ServerLimits | None = None,
         sock: socket.socket | None = None,
+        grace_s: int = 5,
     ):
         # loop="asyncio": several servers in one process may then start subprocesses (uvloop
         # refuses to from two loops at once).
@@ -37,6 +46,7 @@ class BackgroundServer:
             access_log=False,
             lifespan="on",
             loop=loop,
+            timeout_graceful_shutdown=grace_s,
             **uvicorn_settings(limits or ServerLimits()),
         )
         self.server = uvicorn.Server(config)
@@ -67,6 +77,13 @@ class BackgroundServer:
     def stop(self, timeout_s: float = 30.0) -> None:
         self.server.should_exit = True
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("a server thread did not stop within %gs; left behind", timeout_s)
+
+    @property
+    def running(self) -> bool:
+        """Whether the server's thread is still alive (the tests check none outlives a stop)."""
+        return self._thread.is_alive()
 
     def __enter__(self) -> BackgroundServer:
         return self.start()
