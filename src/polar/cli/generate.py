@@ -15,6 +15,7 @@ from polar.generation.options import GenerateOptions, default_out
 from polar.generation.run import run_generate
 from polar.generation.summary import print_summary
 from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
+from polar.runtimes.registry import runtime_names
 
 _DEFAULT_ATTEMPTS = 1
 _DEFAULT_CONCURRENCY = 4
@@ -107,7 +108,7 @@ def add_parser(sub: Any) -> None:
         help="Pi with a one-line system prompt and two tools (for a small model)",
     )  # fmt: skip
     agent.add_argument(
-        "--runtime", default=None, choices=("bubblewrap", "local", "docker", "apptainer"),
+        "--runtime", default=None, choices=runtime_names(),
         help="default: bubblewrap when it can sandbox here, else local",
     )  # fmt: skip
     agent.add_argument(

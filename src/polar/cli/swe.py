@@ -14,9 +14,10 @@ from rich.table import Table
 from polar.cli.arguments import repo_path
 from polar.config_loader import load_config, parse_config
 from polar.errors import ConfigError
+from polar.runtimes.registry import needs_image, runtime_names
 from polar.swe.bundled import bundle_repos, bundled_instances
 from polar.swe.instances import SWEInstance, load_instances
-from polar.swe.tasks import IMAGE_RUNTIMES, SWETaskOptions, instance_task
+from polar.swe.tasks import SWETaskOptions, instance_task
 
 # Flags that set an SWETaskOptions key directly (flag dest == key).
 _OPTION_FLAGS = (
@@ -47,7 +48,7 @@ def add_parser(sub: Any) -> None:
     )
     _instances_args(tasks)
     tasks.add_argument("--out", type=Path, required=True, help="directory for the YAMLs")
-    tasks.add_argument("--runtime", choices=["bubblewrap", "local", "docker", "apptainer"])
+    tasks.add_argument("--runtime", choices=runtime_names())
     tasks.add_argument("--harness", help="harness preset or module:Class (default: pi)")
     tasks.add_argument("--model-name", help="the model name the harness is configured with")
     tasks.add_argument("--num-samples", type=int, help="sessions per task")
@@ -103,7 +104,7 @@ def write_tasks(args: argparse.Namespace) -> int:
     instances = _instances(args)
     options = _options(args)
     out: Path = args.out
-    if args.bundled and options.runtime not in IMAGE_RUNTIMES:
+    if args.bundled and not needs_image(options.runtime):
         bundles = bundle_repos(out / "repos")
         options = options.model_copy(
             update={"repos": {**{r: str(p) for r, p in bundles.items()}, **options.repos}}

@@ -2,7 +2,8 @@
 
 An evaluator runs in POSTRUN, after the trajectory is built and before the runtime is torn
 down. It gets the live runtime (to run tests where the agent worked), the trajectory, the task,
-the workspace on the host, and a factory for a fresh runtime from the task's original spec (for
+a snapshot of the agent's workspace (read through it, never through a host path, so a remote
+runtime fits), and a factory for a fresh runtime from the task's original spec (for
 ``refresh_runtime``: grading a clean copy with only the agent's changes applied). It returns a
 reward, a pass/fail verdict when it has one, and JSON-safe details for the session's metadata.
 """
@@ -12,13 +13,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
 from polar import config_loader
 from polar.runtimes.base import Runtime
+from polar.runtimes.snapshot import WorkspaceSnapshot
 from polar.schemas.task import EvaluatorSpec, TaskRequest
 from polar.schemas.trajectory import Trajectory
 
@@ -39,8 +40,8 @@ class EvaluationContext:
     """The session's runtime, still running."""
     trajectory: Trajectory
     task: TaskRequest
-    workspace: Path
-    """The agent's workspace on the host."""
+    workspace: WorkspaceSnapshot
+    """The agent's workspace as the runtime hands it over (``Runtime.workspace_snapshot``)."""
     fresh_runtime: Callable[[], Runtime]
     """An unstarted runtime from ``task.runtime`` in a new session dir; the caller stops it."""
 

@@ -5,20 +5,17 @@ writes *how* they changed, the way ``git diff`` prints it: ``diff --git a/p b/p`
 ``new file mode`` / ``deleted file mode`` / ``old mode``+``new mode`` lines, ``---``/``+++``
 and hunks, ``\\ No newline at end of file``, a symbolic link as its target text (mode 120000),
 and ``Binary files a/p and b/p differ`` for a binary file. The text applies with ``git apply``
-to the tree it was taken against. It is made on the host from the two trees, so the runtime
-needs no git, and no link is ever followed: the agent owns its workspace.
+to the tree it was taken against. It is made on the host from the two trees' snapshots, so the
+runtime needs no git, and no link is ever followed: the agent owns its workspace.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from polar.evaluators.workspace_diff import WorkspaceDiff
-from polar.runtimes.safe_files import read_regular
+from polar.runtimes.snapshot import WorkspaceSnapshot
 
 _LARGEST_TEXT = 1024 * 1024
 """A file larger than this is not diffed line by line (difflib is slow on huge inputs)."""
@@ -32,17 +29,16 @@ class _Side:
     ``Binary files ... differ`` line stands for it."""
 
 
-def _side(path: Path) -> _Side | None:
+def _side(tree: WorkspaceSnapshot, rel: str) -> _Side | None:
     """What one tree holds at a path, or None when nothing is there."""
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
+    entry = tree.entry(rel)
+    if entry is None:
         return None
-    if stat.S_ISLNK(info.st_mode):
-        return _Side("120000", os.readlink(path).encode())
-    mode = "100755" if info.st_mode & 0o111 else "100644"
+    if entry.kind == "link":
+        return _Side("120000", entry.target.encode())
+    mode = "100755" if entry.executable else "100644"
     try:
-        data = read_regular(path, _LARGEST_TEXT)  # never a FIFO, device or link's target
+        data = tree.read(rel, _LARGEST_TEXT)  # never a FIFO, device or link's target
     except OSError:
         return _Side(mode, None)
     return _Side(mode, data if _is_text(data) else None)
@@ -96,15 +92,15 @@ def _file_patch(rel: str, old: _Side | None, new: _Side | None) -> str:
 
 
 def unified_patch(
-    diff: WorkspaceDiff, new_root: Path, old_root: Path, limit: int
+    diff: WorkspaceDiff, new_root: WorkspaceSnapshot, old_root: WorkspaceSnapshot, limit: int
 ) -> tuple[str, bool]:
     """``diff`` as unified diff text from ``old_root`` to ``new_root``, at most ``limit``
     characters (whole files only); and whether files were left out to stay under it."""
     parts: list[str] = []
     size = 0
     for rel in sorted({*diff.changed, *diff.deleted}):
-        new = _side(new_root / rel) if rel in diff.changed else None
-        text = _file_patch(rel, _side(old_root / rel), new)
+        new = _side(new_root, rel) if rel in diff.changed else None
+        text = _file_patch(rel, _side(old_root, rel), new)
         if size + len(text) > limit:
             return "".join(parts), True
         parts.append(text)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import configparser
 import tomllib
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
-from polar.runtimes.safe_files import read_regular
+from polar.runtimes.snapshot import WorkspaceSnapshot
 
 SECTIONS = {"setup.cfg": ("tool:pytest", "pytest"), "tox.ini": ("pytest",)}
 CONFIG_FILES = frozenset({*SECTIONS, "pyproject.toml"})
@@ -26,29 +26,31 @@ class _Unreadable(Exception):
     pass
 
 
-def _pytest_settings(path: Path) -> Any:
+def _pytest_settings(tree: WorkspaceSnapshot, rel: str) -> Any:
     """The pytest part of one config file; None when there is none (or no file)."""
-    if not path.exists() and not path.is_symlink():
+    entry = tree.entry(rel)
+    if entry is None:
         return None
-    if path.is_symlink() or not path.is_file():
-        raise _Unreadable(str(path))
+    name = PurePosixPath(rel).name
+    if entry.kind != "file":
+        raise _Unreadable(rel)
     try:
-        text = read_regular(path, _LARGEST_CONFIG).decode()
-        if path.name == "pyproject.toml":
+        text = tree.read(rel, _LARGEST_CONFIG).decode()
+        if name == "pyproject.toml":
             return tomllib.loads(text).get("tool", {}).get("pytest") or None
         parser = configparser.ConfigParser(interpolation=None, strict=False)
         parser.read_string(text)
     except (OSError, UnicodeDecodeError, ValueError, configparser.Error) as exc:
-        raise _Unreadable(str(path)) from exc
-    sections = SECTIONS[path.name]
+        raise _Unreadable(rel) from exc
+    sections = SECTIONS[name]
     return {name: dict(parser[name]) for name in sections if parser.has_section(name)} or None
 
 
-def changes_pytest_config(rel: str, agent: Path, base: Path) -> bool:
+def changes_pytest_config(rel: str, agent: WorkspaceSnapshot, base: WorkspaceSnapshot) -> bool:
     """Whether the agent's ``rel`` (a changed or deleted path) alters pytest's settings."""
     if PurePosixPath(rel).name not in CONFIG_FILES:
         return False
     try:
-        return bool(_pytest_settings(agent / rel) != _pytest_settings(base / rel))
+        return bool(_pytest_settings(agent, rel) != _pytest_settings(base, rel))
     except _Unreadable:
         return True

@@ -69,6 +69,7 @@ from polar.evaluators.workspace_diff import (
 )
 from polar.runtimes.base import Runtime, tail_text
 from polar.runtimes.safe_files import open_regular
+from polar.runtimes.snapshot import WorkspaceSnapshot
 from polar.schemas.task import EvaluatorSpec
 
 DEFAULT_PROTECTED = (
@@ -208,9 +209,9 @@ class SWETests(Evaluator):
         finally:
             await fresh.stop()
 
-    async def _grade(self, agent: Path, runtime: Runtime) -> EvaluationResult:
+    async def _grade(self, agent: WorkspaceSnapshot, runtime: Runtime) -> EvaluationResult:
         cfg = self.config
-        base = runtime.workspace_path
+        base = await runtime.workspace_snapshot()
         diff = await asyncio.to_thread(diff_trees, agent, base, cfg.ignore)
         # What git diff would leave out (build output, egg-info, caches) is no part of the patch.
         gitignored = await self._gitignored(runtime, [*diff.changed, *diff.deleted])
@@ -231,7 +232,9 @@ class SWETests(Evaluator):
         patch, truncated = await asyncio.to_thread(
             unified_patch, mine, agent, base, MODEL_PATCH_LIMIT
         )
-        applied = await asyncio.to_thread(apply_diff, diff, agent, base, protected)
+        applied = await asyncio.to_thread(
+            apply_diff, diff, agent, runtime.workspace_path, protected
+        )
         details: dict[str, Any] = {
             "instance_id": cfg.instance_id,
             "model_patch": patch,

@@ -63,9 +63,8 @@ class TestOnOutput(Evaluator):
         fresh = ctx.fresh_runtime()
         try:
             await fresh.start()
-            diff = await asyncio.to_thread(
-                diff_trees, ctx.workspace, fresh.workspace_path, self.config.ignore
-            )
+            base = await fresh.workspace_snapshot()
+            diff = await asyncio.to_thread(diff_trees, ctx.workspace, base, self.config.ignore)
             report = await asyncio.to_thread(
                 apply_diff, diff, ctx.workspace, fresh.workspace_path, self.config.protected
             )

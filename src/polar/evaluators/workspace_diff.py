@@ -4,7 +4,9 @@ A fresh runtime started from the task's spec has the same workspace the agent st
 spec's files plus whatever the prepare steps made), so the agent's changes are the difference
 between the two trees: files added or modified (content, symlink target or executable bit) and
 files deleted. Applying them to the fresh tree, except on ``protected`` paths, grades the
-agent's work against tests it could not edit. No git is needed in the workspace.
+agent's work against tests it could not edit. No git is needed in the workspace. Both trees
+are read as :class:`~polar.runtimes.snapshot.WorkspaceSnapshot` (wherever the runtime keeps
+them); only the clean copy the changes land in is a host directory.
 
 Patterns are fnmatch-style on ``/``-separated relative paths (``*`` also crosses ``/``), and a
 pattern that matches a directory covers everything under it: ``tests`` protects ``tests/**``,
@@ -14,13 +16,11 @@ pattern that matches a directory covers everything under it: ``tests`` protects 
 from __future__ import annotations
 
 import fnmatch
-import os
 import shutil
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from polar.runtimes.safe_files import copy_regular, same_content, walk
+from polar.runtimes.snapshot import SnapshotEntry, WorkspaceSnapshot
 
 DEFAULT_IGNORE = (".git", "*__pycache__")
 
@@ -32,26 +32,28 @@ def matches(rel: str, patterns: list[str] | tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(c, pattern) for c in candidates for pattern in patterns)
 
 
-def _entries(root: Path, ignore: list[str] | tuple[str, ...]) -> dict[str, Path]:
-    """Relative path -> absolute path of every non-directory entry under ``root`` (a link to a
-    directory counts as a link), through the bounded, link-free walk of
-    :func:`polar.runtimes.safe_files.walk`: the agent's tree may hold millions of files."""
+def _entries(
+    tree: WorkspaceSnapshot, ignore: list[str] | tuple[str, ...]
+) -> dict[str, SnapshotEntry]:
+    """Every non-directory entry of ``tree`` by relative path (a link to a directory counts as
+    a link), through its bounded, link-free walk: the agent's tree may hold millions of files."""
     return {
-        rel: Path(entry.path)
-        for rel, entry in walk(root, lambda rel: matches(rel, ignore))
-        if not entry.is_dir(follow_symlinks=False)
+        rel: entry
+        for rel, entry in tree.walk(lambda rel: matches(rel, ignore))
+        if entry.kind != "dir"
     }
 
 
-def _same(a: Path, b: Path) -> bool:
+def _same(
+    rel: str, agent: WorkspaceSnapshot, a: SnapshotEntry, base: WorkspaceSnapshot, b: SnapshotEntry
+) -> bool:
     """Same link target, or regular files with the same bytes and executable bit; anything
     else a sandbox can make (a FIFO, a device) counts as changed and is never opened."""
-    mode_a, mode_b = a.lstat().st_mode, b.lstat().st_mode
-    if stat.S_ISLNK(mode_a) or stat.S_ISLNK(mode_b):
-        return stat.S_ISLNK(mode_a) and stat.S_ISLNK(mode_b) and os.readlink(a) == os.readlink(b)
-    if not (stat.S_ISREG(mode_a) and stat.S_ISREG(mode_b)):
+    if a.kind == "link" or b.kind == "link":
+        return a.kind == b.kind and a.target == b.target
+    if not (a.kind == "file" and b.kind == "file"):
         return False
-    return (mode_a & 0o111) == (mode_b & 0o111) and same_content(a, b)
+    return a.executable == b.executable and agent.same_file(rel, base)
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,16 @@ class WorkspaceDiff:
 
 
 def diff_trees(
-    agent: Path, base: Path, ignore: list[str] | tuple[str, ...] = DEFAULT_IGNORE
+    agent: WorkspaceSnapshot,
+    base: WorkspaceSnapshot,
+    ignore: list[str] | tuple[str, ...] = DEFAULT_IGNORE,
 ) -> WorkspaceDiff:
     """What turns ``base`` into ``agent``, file by file."""
     mine, theirs = _entries(agent, ignore), _entries(base, ignore)
     changed = sorted(
-        rel for rel, path in mine.items() if rel not in theirs or not _same(path, theirs[rel])
+        rel
+        for rel, entry in mine.items()
+        if rel not in theirs or not _same(rel, agent, entry, base, theirs[rel])
     )
     deleted = sorted(rel for rel in theirs if rel not in mine)
     return WorkspaceDiff(changed=changed, deleted=deleted)
@@ -89,10 +95,11 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _prune_empty_parents(target: Path, agent: Path, rel: str) -> None:
+def _prune_empty_parents(target: Path, agent: WorkspaceSnapshot, rel: str) -> None:
     """Drop directories a deletion emptied, unless the agent's tree still has them."""
     for parent in PurePosixPath(rel).parents:
-        if str(parent) == "." or (agent / parent).is_dir():
+        entry = agent.entry(str(parent)) if str(parent) != "." else None
+        if str(parent) == "." or (entry is not None and entry.kind == "dir"):
             return
         try:
             (target / parent).rmdir()
@@ -101,7 +108,10 @@ def _prune_empty_parents(target: Path, agent: Path, rel: str) -> None:
 
 
 def apply_diff(
-    diff: WorkspaceDiff, agent: Path, target: Path, protected: list[str] | tuple[str, ...] = ()
+    diff: WorkspaceDiff,
+    agent: WorkspaceSnapshot,
+    target: Path,
+    protected: list[str] | tuple[str, ...] = (),
 ) -> ApplyReport:
     """Replay ``diff`` from ``agent`` onto ``target``, leaving ``protected`` paths untouched."""
     report = ApplyReport()
@@ -116,16 +126,17 @@ def apply_diff(
         if matches(rel, protected):
             report.protected.append(rel)
             continue
-        src, dst = agent / rel, target / rel
+        dst = target / rel
         try:
             if dst.is_dir() and not dst.is_symlink():
                 dst.rmdir()  # a directory the agent replaced by a file; fails if still in use
             dst.parent.mkdir(parents=True, exist_ok=True)
             _remove(dst)
-            if src.is_symlink():
-                dst.symlink_to(os.readlink(src))
+            entry = agent.entry(rel)
+            if entry is not None and entry.kind == "link":
+                dst.symlink_to(entry.target)
             else:
-                copy_regular(src, dst)  # a FIFO, device or huge file is a conflict
+                agent.copy_to(rel, dst)  # a FIFO, device or huge file is a conflict
         except OSError:
             report.conflicts.append(rel)
             continue

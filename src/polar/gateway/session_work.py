@@ -240,7 +240,7 @@ class RolloutWork:
             runtime=runtime,
             trajectory=trajectory,
             task=self.task,
-            workspace=runtime.workspace_path,
+            workspace=await runtime.workspace_snapshot(),
             fresh_runtime=self._fresh_runtime,
         )
         with evaluator_threads():  # its to_thread work on the node's evaluator pool

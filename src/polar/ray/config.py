@@ -16,11 +16,11 @@ from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.config import SamplingPolicy
 from polar.rollout.config import RolloutServerConfig
+from polar.runtimes.registry import unsandboxed_runtimes
 from polar.stack.topology import TopologyDefaults, WorkerCounts
 
 ROLLOUT_ACTOR = "polar-rollout"
 GATEWAY_ACTOR_PREFIX = "polar-gw-"
-UNSANDBOXED_RUNTIMES = ("local",)
 
 
 class RayRollout(BaseModel):
@@ -123,7 +123,7 @@ class PolarRayConfig(BaseModel):
     @model_validator(mode="after")
     def _sandboxed(self) -> PolarRayConfig:
         runtime = self.defaults.runtime or self.rollout.default_runtime
-        if runtime in UNSANDBOXED_RUNTIMES and not self.ray.gateways.allow_unsandboxed:
+        if runtime in unsandboxed_runtimes() and not self.ray.gateways.allow_unsandboxed:
             raise ValueError(refusal(runtime))
         return self
 

@@ -29,8 +29,9 @@ from typing import Any
 
 from polar.logs import log_event
 from polar.ray.actors import GatewayActor, GatewaySpec, gateway_node_id
-from polar.ray.config import GATEWAY_ACTOR_PREFIX, UNSANDBOXED_RUNTIMES, RaySection, refusal
+from polar.ray.config import GATEWAY_ACTOR_PREFIX, RaySection, refusal
 from polar.rollout.node_provider import NodeHost, node_providers
+from polar.runtimes.registry import unsandboxed_runtimes
 from polar.schemas.task import TaskRequest
 
 log = logging.getLogger("polar.ray")
@@ -104,7 +105,7 @@ class RayNodeProvider:
 
     def refuse(self, request: TaskRequest) -> str | None:
         kind = request.runtime.kind
-        if kind in UNSANDBOXED_RUNTIMES and not self.section.gateways.allow_unsandboxed:
+        if kind in unsandboxed_runtimes() and not self.section.gateways.allow_unsandboxed:
             return refusal(kind)
         return None
 

@@ -54,6 +54,7 @@ class ApptainerOptions(ImageOptions):
 
 class ApptainerRuntime(SandboxedRuntime):
     name = "apptainer"
+    needs_image = True
     options_model = ApptainerOptions
     options: ApptainerOptions
 

@@ -41,6 +41,7 @@ from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.checkouts import default_cache_dir, shared_checkout
 from polar.runtimes.safe_files import UnsafeFile, copy_regular, walk
+from polar.runtimes.snapshot import HostSnapshot, WorkspaceSnapshot
 from polar.runtimes.spawn import Child, spawn
 from polar.schemas.task import ImageSource, RuntimeSpec
 
@@ -221,6 +222,10 @@ class Runtime(ABC):
     """
 
     name: ClassVar[str]
+    needs_image: ClassVar[bool] = False
+    """Whether ``spec.image`` is required (a container runtime) rather than the host's system."""
+    sandboxed: ClassVar[bool] = True
+    """False for a runtime that runs the harness as the node's own user, unconfined (local)."""
     home_inside: ClassVar[str] = "/home/polar"
     options_model: ClassVar[type[RuntimeOptions]] = RuntimeOptions
     options: RuntimeOptions
@@ -271,6 +276,11 @@ class Runtime(ABC):
     @property
     def run_path(self) -> Path:
         return self.session_dir / "run"
+
+    async def workspace_snapshot(self) -> WorkspaceSnapshot:
+        """The agent's workspace as evaluators read it. Here the host's mapped directory; a
+        runtime whose sandbox lives elsewhere returns the files it fetched."""
+        return HostSnapshot(self.workspace_path)
 
     # -- the runtime's view ------------------------------------------------------------------
 

@@ -82,6 +82,7 @@ class DockerOptions(ImageOptions):
 
 class DockerRuntime(SandboxedRuntime):
     name = "docker"
+    needs_image = True
     options_model = DockerOptions
     options: DockerOptions
 

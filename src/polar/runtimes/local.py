@@ -28,6 +28,7 @@ class LocalOptions(RuntimeOptions):
 
 class LocalRuntime(Runtime):
     name = "local"
+    sandboxed = False
     options_model = LocalOptions
     options: LocalOptions
 

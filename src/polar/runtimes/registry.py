@@ -19,6 +19,23 @@ RUNTIMES.add("docker", DockerRuntime)
 RUNTIMES.add("apptainer", ApptainerRuntime)
 
 
+def runtime_names() -> list[str]:
+    """The registered runtime kinds (a ``module:Class`` kind is accepted besides these)."""
+    return RUNTIMES.names()
+
+
+def needs_image(kind: str) -> bool:
+    """Whether the ``kind`` runtime runs an image (``spec.image``) rather than the host."""
+    return bool(getattr(RUNTIMES.get(kind), "needs_image", False))
+
+
+def unsandboxed_runtimes() -> frozenset[str]:
+    """The registered kinds that run the harness unconfined, as the node's user (``local``)."""
+    return frozenset(
+        kind for kind in RUNTIMES if not getattr(RUNTIMES.get(kind), "sandboxed", True)
+    )
+
+
 def create_runtime(
     spec: RuntimeSpec, session_dir: Path, gateway_url: str, *, model_api: AsgiApp | None = None
 ) -> Runtime:

@@ -114,24 +114,37 @@ def copy_regular(src: Path, dst: Path, limit: int = MAX_FILE_BYTES) -> None:
     is not what it should be."""
     with open_regular(src, limit) as (source, _):
         info = os.fstat(source.fileno())
-        try:
-            fd = os.open(dst, WRITE_FLAGS, 0o600)
-        except OSError as exc:
-            if os.path.islink(dst):
-                raise UnsafeFile(f"{dst} is a symbolic link; it is not written through") from exc
-            raise
-        with os.fdopen(fd, "wb") as target:
-            kind = os.fstat(fd).st_mode
-            if not stat.S_ISREG(kind):
-                raise UnsafeFile(f"{dst} is {_kind(kind)}; only regular files are written")
+        with _open_target(dst) as target:
             copied = 0
             while chunk := source.read(_CHUNK):
                 copied += len(chunk)
                 if copied > limit:
                     raise UnsafeFile(f"{src} holds more than {limit} bytes")
                 target.write(chunk)
-            os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o777)
+            os.fchmod(target.fileno(), stat.S_IMODE(info.st_mode) & 0o777)
         os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def write_regular(dst: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` over ``dst`` (a regular file or nothing, never a link) with ``mode``."""
+    with _open_target(dst) as target:
+        target.write(data)
+        os.fchmod(target.fileno(), mode & 0o777)
+
+
+@contextmanager
+def _open_target(dst: Path) -> Iterator[BinaryIO]:
+    try:
+        fd = os.open(dst, WRITE_FLAGS, 0o600)
+    except OSError as exc:
+        if os.path.islink(dst):
+            raise UnsafeFile(f"{dst} is a symbolic link; it is not written through") from exc
+        raise
+    with os.fdopen(fd, "wb") as target:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise UnsafeFile(f"{dst} is {_kind(kind)}; only regular files are written")
+        yield target
 
 
 def make_dirs(root: Path, rel: str) -> Path:

@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 from polar.config_loader import parse_config
 from polar.errors import ConfigError
+from polar.runtimes.registry import needs_image
 from polar.schemas.task import TaskRequest
 from polar.swe.bundled import bundle_repos, bundled_instances, default_bundle_dir
 from polar.swe.instances import SWEInstance, load_instances
-from polar.swe.tasks import IMAGE_RUNTIMES, SWETaskOptions, instance_task, swe_task_id
+from polar.swe.tasks import SWETaskOptions, instance_task, swe_task_id
 
 
 def swe_task_source(
@@ -49,7 +50,7 @@ def swe_task_source(
         what="swe task source options (besides instances, instances_split, eval_fraction, "
         "repos_dir)",
     )
-    if instances is None and task_options.runtime not in IMAGE_RUNTIMES and not task_options.repos:
+    if instances is None and not needs_image(task_options.runtime) and not task_options.repos:
         bundles = _bundles(repos_dir or str(default_bundle_dir()))
         task_options = task_options.model_copy(update={"repos": bundles})
     pool = split_instances(_instances(instances, instances_split), split, eval_fraction)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar.errors import ConfigError
 from polar.harnesses.install import default_prefix
 from polar.harnesses.registry import CLI_PRESETS
+from polar.runtimes.registry import needs_image, runtime_names
 from polar.schemas.ids import MAX_ID_LENGTH
 from polar.schemas.task import (
     AgentSpec,
@@ -34,7 +35,6 @@ from polar.swe.images import DUNDER, image_name, with_registry
 from polar.swe.instances import SWEInstance
 
 EVALUATOR = "swe_tests"
-IMAGE_RUNTIMES = frozenset({"docker", "apptainer"})
 # SWE-bench images keep the repository's environment in a conda env named testbed.
 CONDA_PATH = (
     "/opt/miniconda3/envs/testbed/bin:/opt/miniconda3/bin:"
@@ -59,7 +59,7 @@ class SWETaskOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    runtime: Literal["bubblewrap", "local", "docker", "apptainer"] = "bubblewrap"
+    runtime: str = Field("bubblewrap", description="A registered runtime kind.")
     repos: dict[str, str] = Field(
         default_factory=dict,
         description="local/bubblewrap: repo name -> host path of its git repository or bundle.",
@@ -97,6 +97,13 @@ class SWETaskOptions(BaseModel):
     instruction: str = Field(
         INSTRUCTION, description="The prompt, with {problem_statement}, {repo}, {instance_id}."
     )
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, value: str) -> str:
+        if value not in runtime_names():
+            raise ValueError(f"runtime must be one of {', '.join(runtime_names())}")
+        return value
 
 
 def instance_task(
@@ -172,7 +179,7 @@ def _agent(options: SWETaskOptions) -> AgentSpec:
 
 
 def _runtime(instance: SWEInstance, options: SWETaskOptions) -> RuntimeSpec:
-    image = options.runtime in IMAGE_RUNTIMES
+    image = needs_image(options.runtime)
     spec: dict[str, Any] = {
         "kind": options.runtime,
         "workdir": options.workdir or ("/testbed" if image else "/workspace"),

@@ -16,6 +16,7 @@ from polar.evaluators.session_completed import SessionCompleted
 from polar.evaluators.test_on_output import TestOnOutput
 from polar.runtimes.base import Runtime
 from polar.runtimes.registry import create_runtime
+from polar.runtimes.snapshot import HostSnapshot
 from polar.schemas.task import EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 
@@ -52,7 +53,7 @@ class Fixture:
             runtime=self.runtime,
             trajectory=Trajectory(status=status, traces=list(traces)),
             task=task,
-            workspace=self.runtime.workspace_path,
+            workspace=HostSnapshot(self.runtime.workspace_path),
             fresh_runtime=self.fresh,
         )
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from polar.evaluators.patch_text import unified_patch
-from polar.evaluators.workspace_diff import diff_trees
+from polar.evaluators.workspace_diff import WorkspaceDiff, diff_trees
+from polar.runtimes.snapshot import HostSnapshot
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -43,9 +44,15 @@ def trees(tmp_path: Path) -> tuple[Path, Path]:
     return old, new
 
 
+def _trees(new: Path, old: Path) -> tuple[WorkspaceDiff, HostSnapshot, HostSnapshot]:
+    """The diff from ``old`` to ``new`` and both trees' snapshots, as unified_patch takes them."""
+    after, before = HostSnapshot(new), HostSnapshot(old)
+    return diff_trees(after, before), after, before
+
+
 def test_the_patch_is_what_git_would_print_and_applies_back(tmp_path: Path):
     old, new = trees(tmp_path)
-    patch, truncated = unified_patch(diff_trees(new, old), new, old, limit=1 << 20)
+    patch, truncated = unified_patch(*_trees(new, old), limit=1 << 20)
     assert not truncated
     assert (
         "diff --git a/pkg/calc.py b/pkg/calc.py\n--- a/pkg/calc.py\n+++ b/pkg/calc.py\n"
@@ -58,8 +65,8 @@ def test_the_patch_is_what_git_would_print_and_applies_back(tmp_path: Path):
 
     git(old, "init", "-q")
     git(old, "apply", "--verbose", "-", stdin=patch)
-    assert diff_trees(new, old, ignore=(".git",)).changed == []
-    assert diff_trees(new, old, ignore=(".git",)).deleted == []
+    assert diff_trees(HostSnapshot(new), HostSnapshot(old), ignore=(".git",)).changed == []
+    assert diff_trees(HostSnapshot(new), HostSnapshot(old), ignore=(".git",)).deleted == []
     assert os.readlink(old / "was_file") == "tail.txt"
     assert os.access(old / "tool.sh", os.X_OK)
 
@@ -71,7 +78,7 @@ def test_binary_files_are_named_not_shown(tmp_path: Path):
     (old / "blob.bin").write_bytes(b"\x00\x01")
     (new / "blob.bin").write_bytes(b"\x00\x02")
     (new / "latin.txt").write_bytes(b"caf\xe9\n")
-    patch, _ = unified_patch(diff_trees(new, old), new, old, limit=1 << 20)
+    patch, _ = unified_patch(*_trees(new, old), limit=1 << 20)
     assert patch == (
         "diff --git a/blob.bin b/blob.bin\nBinary files a/blob.bin and b/blob.bin differ\n"
         "diff --git a/latin.txt b/latin.txt\nnew file mode 100644\n"
@@ -85,8 +92,8 @@ def test_the_limit_keeps_whole_files_and_says_so(tmp_path: Path):
     new.mkdir()
     for name in ("a.py", "b.py", "c.py"):
         (new / name).write_text("x = 1\n" * 50)
-    full, _ = unified_patch(diff_trees(new, old), new, old, limit=1 << 20)
-    cut, truncated = unified_patch(diff_trees(new, old), new, old, limit=len(full) - 1)
+    full, _ = unified_patch(*_trees(new, old), limit=1 << 20)
+    cut, truncated = unified_patch(*_trees(new, old), limit=len(full) - 1)
     assert truncated and full.startswith(cut) and cut.count("diff --git") == 2
 
 
@@ -97,5 +104,5 @@ def test_a_link_is_never_followed(tmp_path: Path):
     secret = tmp_path / "secret"
     secret.write_text("host data\n")
     (new / "peek").symlink_to(secret)
-    patch, _ = unified_patch(diff_trees(new, old), new, old, limit=1 << 20)
+    patch, _ = unified_patch(*_trees(new, old), limit=1 << 20)
     assert "host data" not in patch and f"+{secret}\n" in patch

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from polar.evaluators.pytest_config import changes_pytest_config
+from polar.runtimes.snapshot import HostSnapshot
 
 SETUP_CFG = "[metadata]\nname = calc\n\n[tool:pytest]\nmarkers =\n    slow: slow tests\n"
 PYPROJECT = '[project]\nname = "calc"\n\n[tool.pytest.ini_options]\naddopts = "-q"\n'
@@ -18,7 +19,7 @@ def edited(tmp_path: Path, rel: str, before: str | None, after: str | None) -> b
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         if text is not None:
             (root / rel).write_text(text)
-    return changes_pytest_config(rel, agent, base)
+    return changes_pytest_config(rel, HostSnapshot(agent), HostSnapshot(base))
 
 
 @pytest.mark.parametrize(
@@ -61,4 +62,9 @@ def test_a_link_counts_as_changed_and_is_not_followed(tmp_path: Path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "setup.cfg").write_text(SETUP_CFG)
     (tmp_path / "agent" / "setup.cfg").symlink_to(outside)
-    assert changes_pytest_config("setup.cfg", tmp_path / "agent", tmp_path / "base") is True
+    assert (
+        changes_pytest_config(
+            "setup.cfg", HostSnapshot(tmp_path / "agent"), HostSnapshot(tmp_path / "base")
+        )
+        is True
+    )

@@ -25,6 +25,7 @@ from polar.evaluators.test_patch import (
 )
 from polar.runtimes.base import Runtime
 from polar.runtimes.registry import create_runtime
+from polar.runtimes.snapshot import HostSnapshot
 from polar.schemas.task import EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 
@@ -138,7 +139,7 @@ class Task:
                 traces=[Trace(prompt_ids=[1], response_ids=[2], loss_mask=[1])],
             ),
             task=task,
-            workspace=self.workspace,
+            workspace=HostSnapshot(self.workspace),
             fresh_runtime=self.fresh,
         )
         result = await create_evaluator(spec).evaluate(ctx)

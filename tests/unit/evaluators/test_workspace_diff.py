@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.evaluators.workspace_diff import apply_diff, diff_trees, matches
+from polar.runtimes.snapshot import HostSnapshot
 
 Tree = dict[str, tuple[bytes, bool]]  # rel path -> (content, executable)
 
@@ -58,8 +59,8 @@ def test_replaying_the_diff_reproduces_the_agent_except_protected_paths(base, ag
         write(root / "base", base)
         write(root / "agent", agent)
         shutil.copytree(root / "base", root / "fresh", dirs_exist_ok=True)
-        diff = diff_trees(root / "agent", root / "base")
-        report = apply_diff(diff, root / "agent", root / "fresh", protected)
+        diff = diff_trees(HostSnapshot(root / "agent"), HostSnapshot(root / "base"))
+        report = apply_diff(diff, HostSnapshot(root / "agent"), root / "fresh", protected)
         result = snapshot(root / "fresh")
     if not protected:
         assert result == agent and not report.conflicts
@@ -83,9 +84,9 @@ def test_symlinks_ignored_dirs_and_emptied_directories(tmp_path: Path):
     write(agent, {"pkg/__pycache__/m.pyc": (b"c", False)})
     (agent / "link").symlink_to("keep.txt")
     shutil.copytree(base, fresh)
-    diff = diff_trees(agent, base)
+    diff = diff_trees(HostSnapshot(agent), HostSnapshot(base))
     assert diff.changed == ["link"] and diff.deleted == ["gone/only.txt"]
-    apply_diff(diff, agent, fresh)
+    apply_diff(diff, HostSnapshot(agent), fresh)
     assert os.readlink(fresh / "link") == "keep.txt"
     assert not (fresh / "gone").exists()  # the emptied directory went too
     assert not (fresh / ".git").exists()

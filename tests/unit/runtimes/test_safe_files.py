@@ -29,6 +29,7 @@ from polar.runtimes.safe_files import (
     same_content,
     walk,
 )
+from polar.runtimes.snapshot import HostSnapshot
 
 TRAPS = ("fifo", "device", "sparse", "chain", "link_out")
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4)
@@ -148,7 +149,7 @@ def test_a_huge_tree_fails_the_diff_instead_of_running_on(
     for index in range(500):
         (agent / f"f{index}").touch()
     with pytest.raises(TreeTooLarge):
-        diff_trees(agent, base)
+        diff_trees(HostSnapshot(agent), HostSnapshot(base))
 
 
 @pytest.mark.parametrize("trap", TRAPS)
@@ -164,12 +165,17 @@ def test_the_evaluators_diff_patch_and_apply_pass_over_a_trap(tmp_path: Path, tr
     (agent / "setup.cfg").unlink()
     plant(agent / "setup.cfg", trap)
 
-    diff = bounded(lambda: diff_trees(agent, base))
+    diff = bounded(lambda: diff_trees(HostSnapshot(agent), HostSnapshot(base)))
     assert "src/ok.py" in diff.changed and "src/trap" in diff.changed
-    assert bounded(lambda: changes_pytest_config("setup.cfg", agent, base)) is True
-    patch, _ = bounded(lambda: unified_patch(diff, agent, base, 1 << 20))
+    assert (
+        bounded(lambda: changes_pytest_config("setup.cfg", HostSnapshot(agent), HostSnapshot(base)))
+        is True
+    )
+    patch, _ = bounded(
+        lambda: unified_patch(diff, HostSnapshot(agent), HostSnapshot(base), 1 << 20)
+    )
     assert "+x = 2" in patch
-    report = bounded(lambda: apply_diff(diff, agent, base))
+    report = bounded(lambda: apply_diff(diff, HostSnapshot(agent), base))
     assert "src/ok.py" in report.applied
     assert (base / "src" / "ok.py").read_text() == "x = 2\n"
     if trap in ("chain", "link_out"):  # a link is copied as a link, never followed

@@ -1,0 +1,147 @@
+"""A runtime whose sandbox lives elsewhere fits without touching evaluators: it keeps no host
+path, hands its workspace over as a snapshot, and an evaluator grades the agent's work from
+that snapshot (diffed against a fresh local tree, applied there, tests run for real)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from polar.evaluators.base import EvaluationContext
+from polar.evaluators.registry import create_evaluator
+from polar.runtimes.base import Capabilities, ExecResult, Launch, Runtime
+from polar.runtimes.registry import RUNTIMES, create_runtime, needs_image, unsandboxed_runtimes
+from polar.runtimes.snapshot import MemorySnapshot, WorkspaceSnapshot
+from polar.schemas.task import EvaluatorSpec, RuntimeSpec, TaskRequest
+from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
+
+GATEWAY = "http://127.0.0.1:9/gw"
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+TESTS = "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+class ToyRemoteRuntime(Runtime):
+    """A stand-in for a pod or a sandbox service: the workspace is a dict held "over there",
+    commands are the service's own verbs (``write PATH TEXT``), and nothing is on the host."""
+
+    name = "toy_remote"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.remote: dict[str, bytes] = {}
+
+    @property
+    def workspace_path(self) -> NoReturn:
+        raise AssertionError("a remote runtime has no host path; read workspace_snapshot()")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            filesystem_isolation=True, network_isolation=True, process_isolation=True
+        )
+
+    @property
+    def running(self) -> bool:
+        return bool(self.remote)
+
+    async def start(self) -> None:
+        self.remote = {rel: text.encode() for rel, text in self.spec.files.items()}
+
+    async def stop(self) -> None:
+        self.remote.clear()
+
+    async def exec(self, command: str | list[str], **_: object) -> ExecResult:
+        verb, rel, text = command if isinstance(command, list) else command.split(" ", 2)
+        assert verb == "write"
+        self.remote[rel] = text.encode()
+        return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0, timed_out=False)
+
+    async def workspace_snapshot(self) -> WorkspaceSnapshot:
+        return MemorySnapshot(self.remote)  # what the service's listing and reads return
+
+    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
+        raise AssertionError("nothing is launched on the host")
+
+
+@pytest.fixture
+def toy_remote() -> Iterator[None]:
+    RUNTIMES.add("toy_remote", ToyRemoteRuntime)  # the one registry line
+    yield
+    RUNTIMES.remove("toy_remote")
+
+
+async def test_an_evaluator_grades_a_remote_session_from_its_snapshot(
+    toy_remote: None, tmp_path: Path
+) -> None:
+    remote_spec = RuntimeSpec(
+        kind="toy_remote", files={"calc.py": BUGGY, "tests/test_calc.py": TESTS}
+    )
+    runtime = create_runtime(remote_spec, tmp_path / "never-made", GATEWAY)
+    assert isinstance(runtime, ToyRemoteRuntime)
+    await runtime.start()
+    # The agent's session: it fixes the bug, and edits the test too (protected: discarded).
+    await runtime.exec(["write", "calc.py", FIXED])
+    await runtime.exec(["write", "tests/test_calc.py", "def test_add():\n    pass\n"])
+
+    spec = EvaluatorSpec(
+        strategy="test_on_output",
+        refresh_runtime=True,
+        config={
+            "command": f"{sys.executable} -m pytest -q -p no:cacheprovider tests",
+            "protected": ["tests"],
+        },
+    )
+    local_spec = remote_spec.model_copy(update={"kind": "local"})
+    fresh: list[Runtime] = []
+
+    def fresh_runtime() -> Runtime:
+        fresh.append(create_runtime(local_spec, tmp_path / f"fresh-{time.time_ns()}", GATEWAY))
+        return fresh[-1]
+
+    task = TaskRequest(task_id="t", instruction="fix add", runtime=remote_spec, evaluator=spec)
+    ctx = EvaluationContext(
+        runtime=runtime,
+        trajectory=Trajectory(
+            status=TrajectoryStatus.COMPLETED,
+            traces=[Trace(prompt_ids=[1], response_ids=[2], loss_mask=[1])],
+        ),
+        task=task,
+        workspace=await runtime.workspace_snapshot(),
+        fresh_runtime=fresh_runtime,
+    )
+    result = await create_evaluator(spec).evaluate(ctx)
+
+    assert result.passed is True and result.reward == 1.0, result.details
+    assert result.details["applied"] == ["calc.py"]
+    assert result.details["protected_changes_discarded"] == ["tests/test_calc.py"]
+    assert not (tmp_path / "never-made").exists()
+    assert (fresh[0].workspace_path / "calc.py").read_text() == FIXED
+
+
+def test_the_registry_says_which_runtimes_need_an_image_or_do_not_sandbox(
+    toy_remote: None,
+) -> None:
+    assert needs_image("docker") and needs_image("apptainer")
+    assert not needs_image("bubblewrap") and not needs_image("toy_remote")
+    assert unsandboxed_runtimes() == frozenset({"local"})
+
+
+def test_a_memory_snapshot_lists_reads_and_refuses_like_a_host_tree() -> None:
+    snap = MemorySnapshot(
+        {"a/b.py": b"x", "run.sh": b"#!"}, executable={"run.sh"}, links={"l": "/etc"}
+    )
+    listed = dict(snap.walk(lambda rel: rel == "a"))
+    assert set(listed) == {"run.sh", "l"}
+    assert snap.entry("a") is not None and snap.entry("a").kind == "dir"  # type: ignore[union-attr]
+    assert listed["run.sh"].executable and listed["l"].target == "/etc"
+    assert snap.read("a/b.py") == b"x"
+    with pytest.raises(OSError):
+        snap.read("l")
+    with pytest.raises(OSError):
+        snap.read("run.sh", limit=1)
