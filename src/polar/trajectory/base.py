@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar.capture.records import CaptureRecord
+from polar.engines import routed_experts
 from polar.engines.types import FLAG_ABORTED
 from polar.errors import ConfigError
 from polar.schemas.trajectory import (
@@ -272,6 +273,7 @@ class Builder(ABC):
                     for rec, start in zip(seg.records, starts, strict=True)
                 ],
                 "call_versions": [rec.policy_version for rec in seg.records],
+                **_routing(seg.records, len(first.prompt_ids) + len(response), inexact),
             },
         )
 
@@ -427,3 +429,13 @@ def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
         "masked_tokens": dict(sorted(masked.items())),
         "trace_kinds": dict(sorted(kinds.items())),
     }
+
+
+def _routing(records: list[CaptureRecord], length: int, inexact: list[str]) -> dict[str, Any]:
+    """MoE routing replay: the trace's routed experts (prompt + response - 1 positions, base64
+    .npy) when every call captured them and the merged context is the engines' exactly."""
+    if inexact or any(r.routed_experts is None for r in records):
+        return {}
+    calls = [(r.routed_experts, len(r.prompt_ids) + len(r.sampled_ids)) for r in records]
+    merged = routed_experts.merge(calls, length)
+    return {"routed_experts": routed_experts.encode(merged)} if merged is not None else {}

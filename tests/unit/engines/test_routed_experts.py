@@ -17,6 +17,9 @@ from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
 from polar.engines.vllm import VLLMEngine
 from polar.errors import MalformedEngineReply
 from polar.providers.types import NormalizedRequest, SamplingParams
+from polar.trajectory.exporters.slime import SlimeExporter
+from polar.trajectory.per_request import PerRequestBuilder
+from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
 LAYERS, TOP_K = 3, 2
 
@@ -128,3 +131,55 @@ def test_a_merged_chain_takes_each_position_from_the_call_that_first_forwarded_i
     assert np.array_equal(merged[:6], first)  # call 1's sampled tokens as routed when sampled
     assert np.array_equal(merged[6:], second[6:])  # the rest from call 2's prefill and decode
     assert routed_experts.merge([(None, 7), (routed_experts.encode(second), 11)], 11) is None
+
+
+def _call(n: int, prompt: list[int], sampled: list[int], routing: np.ndarray) -> CaptureRecord:
+    return CaptureRecord(
+        completion_id=f"chatcmpl-{n}",
+        session_id="s",
+        seq=n,
+        provider="openai_chat",
+        model="m",
+        engine="vllm",
+        started_at=float(n),
+        finished_at=float(n) + 0.5,
+        upstream_request={"messages": []},
+        response={"role": "assistant", "content": "x"},
+        prompt_ids=prompt,
+        sampled_ids=sampled,
+        logprobs=[-0.5] * len(sampled),
+        finish_reason="stop",
+        routed_experts=routed_experts.encode(routing),
+    )
+
+
+def test_routing_reaches_the_slime_rows_aligned_with_the_sampled_tokens() -> None:
+    # The design's worked example (end-of-turn 99), each call with its own routing.
+    first = _call(1, [1, 2, 3], [10, 11, 99], _routing(3 + 3 - 1, seed=1))
+    second = _call(2, [1, 2, 3, 10, 11, 99, 50, 51], [20, 21, 99], _routing(8 + 3 - 1, seed=2))
+    trajectory = PrefixMergingBuilder({"eot_token_id": 99}).build([first, second])
+    (trace,) = trajectory.traces
+    assert trace.loss_mask == [1, 1, 1, 0, 0, 1, 1, 1]  # 50, 51 interstitial: not sampled
+    row = SlimeExporter().row(trace, {"session_id": "s"})
+    routing = np.asarray(row["rollout_routed_experts"])
+    assert routing.shape == (len(row["tokens"]) - 1, LAYERS, TOP_K)
+    # Position p routes token p; call 1's sampled tokens keep the routing they were sampled
+    # with, the rest (its last token, the interstitial, call 2's) comes from call 2.
+    assert np.array_equal(routing[:5], routed_experts.decode(first.routed_experts or ""))
+    assert np.array_equal(routing[5:], routed_experts.decode(second.routed_experts or "")[5:])
+    per_request = PerRequestBuilder().build([first, second])
+    for trace, call in zip(per_request.traces, [first, second], strict=True):
+        row = SlimeExporter().row(trace, {})
+        assert np.array_equal(
+            row["rollout_routed_experts"], routed_experts.decode(call.routed_experts or "")
+        )
+
+
+def test_a_trace_without_routing_on_every_call_carries_none() -> None:
+    first = _call(1, [1, 2, 3], [10, 11, 99], _routing(5))
+    second = _call(2, [1, 2, 3, 10, 11, 99, 50], [20, 99], _routing(8)).model_copy(
+        update={"routed_experts": None}
+    )
+    (trace,) = PrefixMergingBuilder({"eot_token_id": 99}).build([first, second]).traces
+    assert "routed_experts" not in trace.metadata
+    assert SlimeExporter().row(trace, {})["rollout_routed_experts"] is None

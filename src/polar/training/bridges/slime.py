@@ -34,6 +34,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from polar.client import RolloutClient
 from polar.errors import ConfigError
 from polar.registry import Registry
@@ -84,8 +86,11 @@ def sample_fields(
     elif row.result.status == SessionStatus.ERROR:
         status = "failed"
     versions = trace.metadata.get("policy_versions") or []
+    routing = out["rollout_routed_experts"]
     return {
         **{k: out[k] for k in SAMPLE_FIELDS},
+        # slime replays a MoE's routing from this array (R3): (tokens - 1, layers, top_k).
+        **({"rollout_routed_experts": np.asarray(routing)} if routing is not None else {}),
         "reward": row.reward if row.reward is not None else neutral_reward,
         "status": status,
         "remove_sample": not row.trainable,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from polar.engines import routed_experts
 from polar.schemas.trajectory import Trace
 from polar.trajectory.exporters.base import Exporter, trace_extras, trace_from
 
@@ -20,6 +21,8 @@ class SlimeExporter(Exporter):
             "response_length": len(trace.response_ids),
             "loss_mask": trace.loss_mask,
             "rollout_log_probs": trace.response_logprobs,
+            # MoE routing replay (R3): (prompt + response - 1, layers, top_k) expert ids.
+            "rollout_routed_experts": _routing(trace),
             "reward": trace.reward,
             "status": _status(trace),
             "metadata": {**trace_extras(trace), "session": dict(session)},
@@ -45,3 +48,8 @@ def _status(trace: Trace) -> str:
     if trace.finish_reason == "length":
         return "truncated"
     return "completed"
+
+
+def _routing(trace: Trace) -> list[Any] | None:
+    text = trace.metadata.get("routed_experts")
+    return routed_experts.decode(text).tolist() if isinstance(text, str) else None
