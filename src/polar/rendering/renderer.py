@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from array import array
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from polar.errors import ConfigError, InvalidRequest
@@ -97,13 +98,16 @@ class Renderer:
         tools: list[dict[str, Any]] | None,
         *,
         continue_final: bool = False,
+        started: datetime | None = None,
     ) -> str:
+        """The prompt text; ``started``: the session's start, the date a template prints."""
         return self.family.render(
             self.tokenizer,
             messages,
             tools or None,
             chat_template=self.chat_template,
             continue_final=continue_final,
+            started=started,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -134,26 +138,26 @@ class Renderer:
 
     def plan(self, book: TurnBook, request: NormalizedRequest) -> PromptPlan:
         """The prompt for ``request``: an exact extension of a sampled turn where possible."""
-        messages, tools = request.messages, request.tools
+        messages, tools, started = request.messages, request.tools, book.started
         digest = context_digest(messages, tools)
         if request.continue_final:
             # A prefill is new text inside an open assistant turn: rendered whole, left open.
-            text = self.render(messages, tools, continue_final=True)
+            text = self.render(messages, tools, continue_final=True, started=started)
             return PromptPlan(self.encode(text), digest, fresh_reason=FRESH_PREFILL)
         last = _last_assistant(messages)
         if last is None:
-            return self._whole(messages, tools, digest, FRESH_NO_ASSISTANT_TURN)
+            return self._whole(messages, tools, digest, FRESH_NO_ASSISTANT_TURN, started)
         turn = book.find(messages[last])
         if turn is None:
-            return self._whole(messages, tools, digest, FRESH_UNKNOWN_TURN)
+            return self._whole(messages, tools, digest, FRESH_UNKNOWN_TURN, started)
         if context_digest(messages[:last], tools) != turn.context_digest:
-            return self._whole(messages, tools, digest, FRESH_HISTORY_CHANGED)
+            return self._whole(messages, tools, digest, FRESH_HISTORY_CHANGED, started)
         new_query = self.family.features.reasoning and _has_user_turn(messages[last + 1 :])
         if new_query and self.reasoning_history == "drop":
-            return self._whole(messages, tools, digest, FRESH_REASONING_DROPPED)
-        tail = self._after_turn(messages, last, tools, turn)
+            return self._whole(messages, tools, digest, FRESH_REASONING_DROPPED, started)
+        tail = self._after_turn(messages, last, tools, turn, started)
         if tail is None:
-            return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE)
+            return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE, started)
         head = [*turn.prompt_ids, *turn.sampled_ids]
         return PromptPlan(
             head + self.encode(tail),
@@ -211,8 +215,10 @@ class Renderer:
         tools: list[dict[str, Any]],
         digest: bytes,
         reason: str,
+        started: datetime,
     ) -> PromptPlan:
-        return PromptPlan(self.encode(self.render(messages, tools)), digest, fresh_reason=reason)
+        text = self.render(messages, tools, started=started)
+        return PromptPlan(self.encode(text), digest, fresh_reason=reason)
 
     def _after_turn(
         self,
@@ -220,6 +226,7 @@ class Renderer:
         index: int,
         tools: list[dict[str, Any]],
         turn: SampledTurn,
+        started: datetime,
     ) -> str | None:
         """The template's text after the assistant turn at ``index``, minus what the sampled
         ids already hold (their turn-end token), or None if it cannot be told apart.
@@ -235,10 +242,10 @@ class Renderer:
         marked["content"] = _PLACEHOLDER
         history = [*messages[:index], marked, *messages[index + 1 :]]
         try:
-            text = self.render(history, tools)
+            text = self.render(history, tools, started=started)
         except InvalidRequest:
             return None  # the template refuses the history: rendered whole, its error shown
-        start = self._turn_start(text, messages[:index], tools)
+        start = self._turn_start(text, messages[:index], tools, started)
         if start is None:
             return None
         if turn.turn_end is None:
@@ -252,7 +259,11 @@ class Renderer:
         return text[close_at + len(close) :]
 
     def _turn_start(
-        self, text: str, before: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        text: str,
+        before: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        started: datetime,
     ) -> int | None:
         """Where the placeholder turn's own text starts in ``text``: after the placeholder,
         or, for a template that drops a call turn's text (Llama 3.1), after the history
@@ -268,6 +279,7 @@ class Renderer:
                 tools or None,
                 chat_template=self.chat_template,
                 add_generation_prompt=False,
+                started=started,
             )
         except InvalidRequest:
             return None

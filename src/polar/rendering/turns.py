@@ -14,6 +14,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -81,8 +82,11 @@ def calls_signature(tool_calls: list[Any]) -> str:
 class TurnBook:
     """The recent sampled turns of one session, found by the ids and text the harness echoes."""
 
-    def __init__(self, keep: int = DEFAULT_TURNS_KEPT) -> None:
+    def __init__(self, keep: int = DEFAULT_TURNS_KEPT, started: datetime | None = None) -> None:
         self.keep = keep
+        # The session's start: a template that prints today's date prints this one all session
+        # long, so a session crossing midnight keeps one prompt prefix.
+        self.started = started or datetime.now()
         self._turns: OrderedDict[str, SampledTurn] = OrderedDict()
         self._by_call_id: dict[str, str] = {}
         self._by_content: dict[str, str] = {}

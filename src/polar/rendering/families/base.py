@@ -10,7 +10,10 @@ regex that forces a call in its own call format (``tool_choice``).
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar, Literal
 
 from polar.rendering.chat_template import bundled_template, render_text
@@ -18,6 +21,8 @@ from polar.rendering.parsers.base import ToolParser
 from polar.rendering.parsers.registry import get_tool_parser
 
 ReasoningHistory = Literal["keep", "drop"]
+# strftime_now with a literal format: ('%Y-%m-%d') or ("%d %b %Y").
+_CLOCK_CALL = re.compile(r"""strftime_now\(\s*(["'])(?P<fmt>[^"'\\]*)\1\s*\)""")
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,16 @@ class Family:
         chat_template: str | None,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        started: datetime | None = None,
     ) -> str:
-        """The prompt text vLLM's chat endpoint would feed the model (override: an encoder)."""
+        """The prompt text vLLM's chat endpoint would feed the model (override: an encoder);
+        ``started`` (the session's start) is the date a template prints (:func:`dated`)."""
         return render_text(
             tokenizer,
             messages,
             tools,
             add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template,
+            chat_template=dated(chat_template or tokenizer.chat_template, started),
             continue_final=continue_final,
         )
 
@@ -107,6 +114,16 @@ class Family:
     def history_end(self, sampled_end: str) -> str:
         """What history writes where the model sampled ``sampled_end``."""
         return self.history_ends.get(sampled_end, sampled_end)
+
+
+def dated(template: str | None, started: datetime | None) -> str | None:
+    """``template`` with each ``strftime_now("FMT")`` (transformers' wall clock, for templates
+    that print today's date: gpt-oss, Llama 3.2) replaced by ``started`` in that format, so
+    every render of one session prints the date it started. transformers hands templates no
+    callables, hence the rewrite; a call with a computed format keeps the wall clock."""
+    if template is None or started is None or "strftime_now" not in template:
+        return template
+    return _CLOCK_CALL.sub(lambda m: json.dumps(started.strftime(m["fmt"] or "")), template)
 
 
 def has_special(tokenizer: Any, *tokens: str) -> bool:

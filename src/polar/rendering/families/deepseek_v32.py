@@ -14,6 +14,7 @@ thinking mode, where the encoder drops reasoning before the latest user message
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,8 +68,10 @@ class DeepSeekV32Family(Family):
         chat_template: str | None,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        started: datetime | None = None,
     ) -> str:
-        """The encoder's prompt: it always ends a user or tool turn by opening the assistant's."""
+        """The encoder's prompt: it always ends a user or tool turn by opening the assistant's
+        (it prints no date, so ``started`` changes nothing)."""
         if continue_final:
             raise InvalidRequest("DeepSeek V3.2's encoder cannot continue an assistant message")
         validate_messages(messages)

@@ -10,6 +10,7 @@ call turns not yet followed by an answer, hence ``reasoning_history: drop``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from polar.rendering.families.base import Family, Features, has_special
@@ -40,6 +41,7 @@ class GptOssFamily(Family):
         chat_template: str | None,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        started: datetime | None = None,
     ) -> str:
         """The template after moving each assistant turn's reasoning to ``thinking``, where the
         template reads it, and dropping empty ``tool_calls`` (it tests the key, not its value)."""
@@ -50,6 +52,7 @@ class GptOssFamily(Family):
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             continue_final=continue_final,
+            started=started,
         )
 
 

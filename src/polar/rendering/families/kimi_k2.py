@@ -13,10 +13,17 @@ schema the encoder cannot express gets, as with the tokenizer.
 from __future__ import annotations
 
 from contextlib import suppress
+from datetime import datetime
 from typing import Any
 
 from polar.rendering.chat_template import render_text
-from polar.rendering.families.base import Family, Features, has_special, template_has
+from polar.rendering.families.base import (
+    Family,
+    Features,
+    dated,
+    has_special,
+    template_has,
+)
 from polar.rendering.families.kimi_tools_ts import deep_sorted, typescript_declarations
 
 _SECTION = (
@@ -51,6 +58,7 @@ class KimiK2Family(Family):
         chat_template: str | None,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        started: datetime | None = None,
     ) -> str:
         template = chat_template or getattr(tokenizer, "chat_template", None)
         extra: dict[str, Any] = {}
@@ -64,7 +72,7 @@ class KimiK2Family(Family):
             messages,
             tools,
             add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template,
+            chat_template=dated(template, started),
             continue_final=continue_final,
             template_kwargs=extra,
         )
