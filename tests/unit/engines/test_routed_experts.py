@@ -18,6 +18,7 @@ from polar.engines.vllm import VLLMEngine
 from polar.errors import MalformedEngineReply
 from polar.providers.types import NormalizedRequest, SamplingParams
 from polar.trajectory.exporters.slime import SlimeExporter
+from polar.trajectory.exporters.verl import VerlExporter
 from polar.trajectory.per_request import PerRequestBuilder
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
@@ -153,7 +154,7 @@ def _call(n: int, prompt: list[int], sampled: list[int], routing: np.ndarray) ->
     )
 
 
-def test_routing_reaches_the_slime_rows_aligned_with_the_sampled_tokens() -> None:
+def test_routing_reaches_the_slime_and_verl_rows_aligned_with_the_sampled_tokens() -> None:
     # The design's worked example (end-of-turn 99), each call with its own routing.
     first = _call(1, [1, 2, 3], [10, 11, 99], _routing(3 + 3 - 1, seed=1))
     second = _call(2, [1, 2, 3, 10, 11, 99, 50, 51], [20, 21, 99], _routing(8 + 3 - 1, seed=2))
@@ -167,6 +168,7 @@ def test_routing_reaches_the_slime_rows_aligned_with_the_sampled_tokens() -> Non
     # with, the rest (its last token, the interstitial, call 2's) comes from call 2.
     assert np.array_equal(routing[:5], routed_experts.decode(first.routed_experts or ""))
     assert np.array_equal(routing[5:], routed_experts.decode(second.routed_experts or "")[5:])
+    assert np.array_equal(VerlExporter().row(trace, {})["routed_experts"], routing)
     per_request = PerRequestBuilder().build([first, second])
     for trace, call in zip(per_request.traces, [first, second], strict=True):
         row = SlimeExporter().row(trace, {})
@@ -183,3 +185,4 @@ def test_a_trace_without_routing_on_every_call_carries_none() -> None:
     (trace,) = PrefixMergingBuilder({"eot_token_id": 99}).build([first, second]).traces
     assert "routed_experts" not in trace.metadata
     assert SlimeExporter().row(trace, {})["rollout_routed_experts"] is None
+    assert VerlExporter().row(trace, {})["routed_experts"] is None

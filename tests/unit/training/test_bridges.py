@@ -246,6 +246,7 @@ VERL_FIELDS = {
     "response_ids",
     "response_mask",
     "response_logprobs",
+    "routed_experts",  # verl's MoE routing replay (None without a MoE engine's capture)
     "reward_score",
     "num_turns",
     "metrics",

@@ -117,6 +117,8 @@ class PolarAgentLoop:
             for key in ("response_ids", "response_mask", "response_logprobs"):
                 if out[key] is not None:
                     out[key] = out[key][:limit]
+            if out["routed_experts"] is not None:  # one position per token but the last
+                out["routed_experts"] = out["routed_experts"][: len(out["prompt_ids"]) + limit - 1]
         polar = out.pop("extra_fields")
         polar.update(
             left_out_traces=row.left_out_traces, truncated=truncated, infra_retries=retries

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from polar.engines import routed_experts
 from polar.schemas.trajectory import Trace, Trajectory
 
 # Trajectory-level facts copied into every row (under "session" in the format's free-form slot)
@@ -67,6 +68,12 @@ def session_context(trajectory: Trajectory) -> dict[str, Any]:
     context = {k: trajectory.metadata[k] for k in SESSION_KEYS if k in trajectory.metadata}
     context["status"] = trajectory.status.value
     return context
+
+
+def routing_of(trace: Trace) -> list[Any] | None:
+    """The trace's MoE routing (R3) as nested lists, (tokens - 1, layers, top_k); None without."""
+    text = trace.metadata.get("routed_experts")
+    return routed_experts.decode(text).tolist() if isinstance(text, str) else None
 
 
 def trace_extras(trace: Trace) -> dict[str, Any]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from polar.engines import routed_experts
 from polar.schemas.trajectory import Trace
-from polar.trajectory.exporters.base import Exporter, trace_extras, trace_from
+from polar.trajectory.exporters.base import Exporter, routing_of, trace_extras, trace_from
 
 
 class SlimeExporter(Exporter):
@@ -22,7 +21,7 @@ class SlimeExporter(Exporter):
             "loss_mask": trace.loss_mask,
             "rollout_log_probs": trace.response_logprobs,
             # MoE routing replay (R3): (prompt + response - 1, layers, top_k) expert ids.
-            "rollout_routed_experts": _routing(trace),
+            "rollout_routed_experts": routing_of(trace),
             "reward": trace.reward,
             "status": _status(trace),
             "metadata": {**trace_extras(trace), "session": dict(session)},
@@ -48,8 +47,3 @@ def _status(trace: Trace) -> str:
     if trace.finish_reason == "length":
         return "truncated"
     return "completed"
-
-
-def _routing(trace: Trace) -> list[Any] | None:
-    text = trace.metadata.get("routed_experts")
-    return routed_experts.decode(text).tolist() if isinstance(text, str) else None

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar.schemas.trajectory import Trace
-from polar.trajectory.exporters.base import Exporter, trace_extras, trace_from
+from polar.trajectory.exporters.base import Exporter, routing_of, trace_extras, trace_from
 
 
 class VerlExporter(Exporter):
@@ -18,6 +18,8 @@ class VerlExporter(Exporter):
             "response_ids": trace.response_ids,
             "response_mask": trace.loss_mask,
             "response_logprobs": trace.response_logprobs,
+            # MoE routing replay (R3): (prompt + response - 1, layers, top_k) expert ids.
+            "routed_experts": routing_of(trace),
             "reward_score": trace.reward,
             "num_turns": len(trace.prompt_messages) + len(trace.response_messages),
             "metrics": {},
