@@ -51,6 +51,12 @@ class Gateway:
         messages.append(reply.json()["choices"][0]["message"])
         messages.append({"role": "user", "content": f"and then {len(messages)}?"})
 
+    def rounds(self, sessions: dict[str, list[dict[str, Any]]], n: int) -> None:
+        """``n`` turns of every session, interleaved as concurrent agents take them."""
+        for _ in range(n):
+            for key, messages in sessions.items():
+                self.turn(key, messages)
+
     def close(self) -> None:
         self._stack.close()
         self.store.close()

@@ -56,9 +56,7 @@ def test_every_call_of_a_session_stays_on_one_replica_and_sessions_spread(
     gateway = Gateway(tmp_path / "c.db", [s.url for s in replicas])
     try:
         sessions = new_sessions(gateway, 4)
-        for _ in range(3):
-            for key, messages in sessions.items():
-                gateway.turn(key, messages)
+        gateway.rounds(sessions, 3)
         used = {key: set(engines_of(gateway.store, key)) for key in sessions}
         assert all(len(labels) == 1 for labels in used.values()), used
         per_replica = [
@@ -84,9 +82,7 @@ def test_a_replica_dying_mid_session_moves_its_sessions_and_contexts_stay_exact(
         on_dead = [k for k in sessions if engines_of(gateway.store, k) == [dead]]
         assert len(on_dead) == 2
         replicas[0].stop()
-        for _ in range(2):
-            for key, messages in sessions.items():
-                gateway.turn(key, messages)
+        gateway.rounds(sessions, 2)
         for key in sessions:
             records = gateway.store.records(key)
             assert [r.engine for r in records[1:]] == [alive, alive]
@@ -103,15 +99,13 @@ def test_affinity_survives_a_gateway_restart(
     urls = [s.url for s in replicas]
     first = Gateway(tmp_path / "c.db", urls)
     sessions = new_sessions(first, 4)
-    for key, messages in sessions.items():
-        first.turn(key, messages)
+    first.rounds(sessions, 1)
     before = {key: engines_of(first.store, key)[0] for key in sessions}
     first.close()
     # Listed the other way round: a fresh pool would place sessions differently.
     second = Gateway(tmp_path / "c.db", list(reversed(urls)))
     try:
-        for key, messages in sessions.items():
-            second.turn(key, messages)
+        second.rounds(sessions, 1)
         for key in sessions:
             assert engines_of(second.store, key) == [before[key]] * 2
             assert not any(FLAG_REPLICA_MOVED in r.flags for r in second.store.records(key))
