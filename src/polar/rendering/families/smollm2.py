@@ -11,6 +11,16 @@ from typing import Any
 from polar.rendering.chat_template import SMOLLM2_TOOLS_TEMPLATE
 from polar.rendering.families.base import Family, has_special, template_has
 
+# SmolLM2's added tokens (ChatML over a StarCoder-style vocabulary) and their ids.
+_SMOLLM2_IDS = {
+    "<|endoftext|>": 0,
+    "<|im_start|>": 1,
+    "<|im_end|>": 2,
+    "<repo_name>": 3,
+    "<jupyter_script>": 15,
+    "<empty_output>": 16,
+}
+
 
 class SmolLM2Family(Family):
     name = "smollm2"
@@ -19,6 +29,11 @@ class SmolLM2Family(Family):
     bundled = SMOLLM2_TOOLS_TEMPLATE
 
     def matches(self, tokenizer: Any) -> bool:
-        return has_special(tokenizer, "<|im_start|>", "<|im_end|>") and (
-            template_has(tokenizer, "SmolLM") or len(tokenizer) == 49152
-        )
+        """ChatML tokens, and either a template that names SmolLM or SmolLM2's own vocabulary:
+        its added tokens at their ids (a checkpoint with a plain ChatML template). Not its
+        size: another 49,152-token vocabulary is another model."""
+        if not has_special(tokenizer, "<|im_start|>", "<|im_end|>"):
+            return False
+        vocab = tokenizer.get_vocab()
+        own_ids = all(vocab.get(token) == i for token, i in _SMOLLM2_IDS.items())
+        return template_has(tokenizer, "SmolLM") or own_ids
