@@ -2,14 +2,22 @@
 
 Every error a caller can see carries an HTTP status and a short machine-readable ``kind``; each
 provider adapter renders these into its own wire shape, so the gateway never invents error
-formats per route.
+formats per route. Errors that also are a builtin kind (a refused file is an ``OSError``, a spent
+call budget a ``TimeoutError``) inherit both, so ``except OSError`` keeps catching them.
+Errors only the code catches (a broken tool-call markup, a turn that cannot be split) keep
+status 500: if one ever escaped to a caller, it would be a bug.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 
 class PolarError(Exception):
     """Base class of every error Polar raises on purpose."""
+
+    status: int = 500
+    """The HTTP status a server answers this error with."""
 
 
 class GatewayError(PolarError):
@@ -212,3 +220,115 @@ class HarnessError(PolarError):
 
 class HarnessTimeout(HarnessError):
     """The harness ran past its time budget and was killed (what it captured still counts)."""
+
+
+# -- the gateway node: sessions, the sandbox's view, the engine stand-in -------------------------
+
+
+class ModelApiRefused(PolarError):
+    """The sandbox's model-API view answers a request itself (another session's key: 403; not
+    the model API: 404); ``status`` and ``kind`` shape the reply."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+
+class ModelCallsSpent(PolarError, TimeoutError):
+    """The session used every model call its task allows; the harness was stopped.
+    ``failure`` is the SessionFailure the session ends with."""
+
+    status = 429
+
+    def __init__(self, message: str, *, failure: object = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+class NodeFull(PolarError):
+    """The node holds ``queue_limit`` unfinished sessions."""
+
+    status = 429
+
+
+class NodeDraining(PolarError):
+    """The node is draining and accepts no new sessions."""
+
+    status = 503
+
+
+class AlreadyRan(PolarError):
+    """The session id was used on this node before (a previous run of the node): never rerun."""
+
+    status = 409
+
+
+class EngineRefusal(PolarError):
+    """An HTTP error the scripted engine answers with, in vLLM's words."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class MalformedCall(PolarError, ValueError):
+    """Raised inside a tool-call parser when a call's markup is broken; the turn becomes plain
+    content (never reaches a caller)."""
+
+
+class SplitError(PolarError):
+    """A re-rendered turn cannot be split; ``reason`` is a break reason for the trajectory
+    (never reaches a caller)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- what the host reads from a sandbox -----------------------------------------------------------
+
+
+class UnsafeFile(PolarError, OSError):
+    """A path the host does not read or write: not a regular file (a link, FIFO, device,
+    socket or directory), or larger than allowed."""
+
+
+class TreeTooLarge(PolarError, OSError):
+    """A sandbox's tree with more entries or deeper directories than a walk visits."""
+
+
+# -- the rollout server and its client -----------------------------------------------------------
+
+
+class TaskRefused(PolarError, ValueError):
+    """A task this server will not run (its nodes' provider refuses it, or its callback)."""
+
+    status = 422
+
+
+class CallbackRefused(TaskRefused):
+    """A task's callback_url names a host the server may not call."""
+
+
+class TaskConflict(PolarError):
+    """A task with this id exists and was submitted with a different request: a task id is
+    never silently replaced, so a retried submit can never overwrite results."""
+
+    status = 409
+
+    def __init__(self, task_id: str, task_status: StrEnum) -> None:
+        super().__init__(
+            f"task {task_id!r} already exists ({task_status.value}) with a different request; "
+            "submit it under a new task id"
+        )
+        self.task_id = task_id
+        self.task_status = task_status
+
+
+class RolloutTimeout(PolarError, TimeoutError):
+    """The rollout server did not finish the tasks in time."""
+
+    status = 504

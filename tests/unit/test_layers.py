@@ -144,3 +144,58 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     )
     assert _imported_packages(probe) == {"capture", "rollout", "errors"}
     assert _layer("rollout") > _layer("capture") > _layer("errors")
+
+
+# Builtin exception bases: a class on these alone, outside errors.py, escapes PolarError.
+_BUILTIN_ERRORS = {
+    "Exception",
+    "BaseException",
+    "ValueError",
+    "OSError",
+    "TimeoutError",
+    "RuntimeError",
+    "KeyError",
+    "LookupError",
+}
+# Packages whose own exceptions never leave a process: the CLI's stop signal.
+_OWN_EXCEPTIONS = {"cli"}
+
+
+def _escaping_exceptions() -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "errors.py" and path.parent == SRC:
+            continue
+        if _package_of(path) in _OWN_EXCEPTIONS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+            if bases and bases <= _BUILTIN_ERRORS:  # no Polar base among them
+                found.append(f"{path.relative_to(SRC)}:{node.name}")
+    return found
+
+
+def test_every_public_exception_is_a_polar_error_in_errors_py() -> None:
+    """Exceptions live in errors.py under PolarError (with their HTTP status); a module that
+    raises one re-exports it by importing it, never by defining its own."""
+    assert not _escaping_exceptions(), _escaping_exceptions()
+
+
+def test_the_exception_checker_sees_a_violation(tmp_path: Path) -> None:
+    from polar import errors
+
+    assert issubclass(errors.UnsafeFile, OSError) and issubclass(
+        errors.UnsafeFile, errors.PolarError
+    )
+    assert errors.TaskConflict.status == 409 and errors.NodeDraining.status == 503
+    tree = ast.parse("class Bad(ValueError):\n    pass\n")
+    bases = {
+        b.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef)
+        for b in n.bases
+        if isinstance(b, ast.Name)
+    }
+    assert bases <= _BUILTIN_ERRORS

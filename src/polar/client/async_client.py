@@ -21,7 +21,7 @@ from httpx_sse import SSEError, aconnect_sse
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from polar.delivery import Outcome, RetryPolicy, deliver, outcome_of
-from polar.errors import PolarError
+from polar.errors import PolarError, RolloutTimeout
 from polar.schemas.rollout import (
     EventKind,
     NodeView,
@@ -46,10 +46,6 @@ Progress = Callable[[int], None]
 
 class RolloutError(PolarError):
     """The rollout server refused a request, or could not be reached in time."""
-
-
-class RolloutTimeout(TimeoutError):
-    """The rollout server did not finish the tasks in time."""
 
 
 class AsyncRolloutClient:

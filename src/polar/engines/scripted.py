@@ -36,6 +36,7 @@ from starlette.routing import Route
 from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 from polar.engines.types import usage_body
 from polar.engines.vllm import VLLMEngine
+from polar.errors import EngineRefusal
 from polar.rendering.parsers.think import split_think
 from polar.rendering.tool_text import assistant_text, messages_for_plain_template
 
@@ -51,15 +52,6 @@ class ScriptedReply:
     error_status: int | None = None
     error_message: str = "scripted engine error"
     delay_s: float = 0.0
-
-
-class EngineRefusal(Exception):
-    """An HTTP error the scripted engine answers with, in vLLM's words."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Script:

@@ -13,19 +13,13 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from polar.errors import HarnessError
+from polar.errors import HarnessError, ModelCallsSpent
 from polar.gateway.sessions import GatewaySession
 from polar.schemas.task import SessionFailure
 
 T = TypeVar("T")
 
 CALLS_SPENT = SessionFailure(kind="timeout", reason="model_calls_spent")
-
-
-class ModelCallsSpent(TimeoutError):
-    """The session used every model call its task allows; the harness was stopped."""
-
-    failure = CALLS_SPENT
 
 
 async def until_calls_spent(work: Awaitable[T], session: GatewaySession | None) -> T:
@@ -46,12 +40,12 @@ async def until_calls_spent(work: Awaitable[T], session: GatewaySession | None) 
     message = f"the session's budget of {cap} model calls ran out"
     if not run.done():
         await _stop(run)
-        raise ModelCallsSpent(message)
+        raise ModelCallsSpent(message, failure=CALLS_SPENT)
     try:
         return run.result()
     except HarnessError as exc:  # it exited on the refusal before the event was seen
         if session.budget_spent.is_set():
-            raise ModelCallsSpent(message) from exc
+            raise ModelCallsSpent(message, failure=CALLS_SPENT) from exc
         raise
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from polar.errors import AlreadyRan, NodeDraining, NodeFull
 from polar.gateway.config import NodeConfig
 from polar.gateway.executors import node_evaluator_pool, route_default_executor
 from polar.logs import log_event
@@ -226,18 +227,6 @@ class NodeSession:
             cancelled=self.outcome.cancelled,
             error=self.result.error if self.result else self.outcome.error,
         )
-
-
-class NodeFull(Exception):
-    """The node holds ``queue_limit`` unfinished sessions (HTTP 429)."""
-
-
-class NodeDraining(Exception):
-    """The node is draining and accepts no new sessions (HTTP 503)."""
-
-
-class AlreadyRan(Exception):
-    """The session id was used on this node before (a previous run of the node): never rerun."""
 
 
 class Lifecycle:

@@ -23,6 +23,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from polar.errors import ModelApiRefused as Refusal
 from polar.gateway.sessions import SESSION_PREFIX, split_session_prefix
 from polar.providers.registry import routing_table
 
@@ -30,16 +31,6 @@ from polar.providers.registry import routing_table
 BARE_PATHS = frozenset({"", "/"})
 # Characters kept literal when the rewritten path is re-encoded for raw_path.
 _PATH_SAFE = "/:@!$&'()*+,;=~"
-
-
-class Refusal(Exception):
-    """Why the view answers a request itself; ``status`` and ``kind`` shape the reply."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
 
 
 def own_path(method: str, path: str, own_key: str) -> str:

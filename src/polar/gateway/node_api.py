@@ -11,8 +11,9 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
 from polar.auth import same_secret
+from polar.errors import AlreadyRan, NodeDraining, NodeFull
 from polar.gateway.config import NodeConfig
-from polar.gateway.lifecycle import AlreadyRan, Lifecycle, NodeDraining, NodeFull
+from polar.gateway.lifecycle import Lifecycle
 from polar.gateway.listen import check_advertised
 from polar.gateway.model_api_view import model_api_views
 from polar.gateway.node_client import NodeClient
@@ -139,14 +140,14 @@ async def dispatch_session(
     return session.info()
 
 
-def _refusal(exc: Exception) -> HTTPException:
+def _refusal(exc: AlreadyRan | NodeDraining | NodeFull) -> HTTPException:
     if isinstance(exc, AlreadyRan):
-        return HTTPException(
-            status_code=409, detail=f"session {exc} already ran on this node; never run twice"
-        )
-    if isinstance(exc, NodeDraining):
-        return HTTPException(status_code=503, detail="node is draining")
-    return HTTPException(status_code=429, detail="node is at its queue limit")
+        detail = f"session {exc} already ran on this node; never run twice"
+    elif isinstance(exc, NodeDraining):
+        detail = "node is draining"
+    else:
+        detail = "node is at its queue limit"
+    return HTTPException(status_code=exc.status, detail=detail)
 
 
 @router.get("/sessions")

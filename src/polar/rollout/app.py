@@ -15,12 +15,12 @@ from pydantic import Field
 
 from polar import __version__
 from polar.auth import OPEN, TokenGuard
+from polar.errors import TaskConflict, TaskRefused
 from polar.rollout.access import ADMIN, NodeCaller
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.dashboard import router as dashboard_router
 from polar.rollout.node_provider import NodeProvider
-from polar.rollout.service import RolloutService, TaskRefused
-from polar.rollout.store import TaskConflict
+from polar.rollout.service import RolloutService
 from polar.schemas.ids import NodeId, TaskId
 from polar.schemas.node import NodeReport, Registered
 from polar.schemas.rollout import (
@@ -76,10 +76,8 @@ async def submit_task(request: Request, response: Response, task: TaskSubmission
     request under an existing id is 409: a task id is never replaced."""
     try:
         summary, created = await _service(request).submit(TaskRequest(**dict(task)))
-    except TaskConflict as exc:
-        raise HTTPException(status_code=409, detail=str(exc)) from exc
-    except TaskRefused as exc:
-        raise HTTPException(status_code=422, detail=str(exc)) from exc
+    except (TaskConflict, TaskRefused) as exc:
+        raise HTTPException(status_code=exc.status, detail=str(exc)) from exc
     if not created:
         response.status_code = 200
     return summary

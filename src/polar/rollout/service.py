@@ -33,6 +33,7 @@ import orjson
 from starlette.responses import Response
 
 from polar.delivery import Outcome, deliver
+from polar.errors import CallbackRefused, TaskRefused
 from polar.logs import log_event
 from polar.rollout.access import Access
 from polar.rollout.activity import Activity
@@ -855,14 +856,6 @@ class RolloutService:
             "callbacks_in_flight": self.callbacks.pending,
             "event_subscribers": self.events.subscribers,
         }
-
-
-class TaskRefused(ValueError):
-    """A task this server will not run (its nodes' provider refuses it, or its callback)."""
-
-
-class CallbackRefused(TaskRefused):
-    """A task's callback_url names a host the server may not call."""
 
 
 def callback_host_allowed(url: str, hosts: list[str]) -> bool:

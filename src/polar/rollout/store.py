@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.errors import TaskConflict
 from polar.schemas.ids import path_segment
 from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
@@ -48,19 +49,6 @@ CREATE TABLE IF NOT EXISTS node_credentials (
 """
 
 _FINAL = tuple(s.value for s in SessionStatus if s.finished)
-
-
-class TaskConflict(Exception):
-    """A task with this id exists and was submitted with a different request: a task id is
-    never silently replaced, so a retried submit can never overwrite results."""
-
-    def __init__(self, task_id: str, status: TaskStatus) -> None:
-        super().__init__(
-            f"task {task_id!r} already exists ({status.value}) with a different request; "
-            "submit it under a new task id"
-        )
-        self.task_id = task_id
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from polar.errors import TreeTooLarge, UnsafeFile
+
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_FILE_BYTES = 128 * 1024 * 1024
@@ -33,15 +35,6 @@ MAX_ENTRIES = 200_000
 MAX_DEPTH = 64
 """Directory levels one walk descends."""
 _CHUNK = 1024 * 1024
-
-
-class UnsafeFile(OSError):
-    """A path the host does not read or write: not a regular file (a link, FIFO, device,
-    socket or directory), or larger than allowed."""
-
-
-class TreeTooLarge(OSError):
-    """A sandbox's tree with more entries or deeper directories than a walk visits."""
 
 
 def _kind(mode: int) -> str:

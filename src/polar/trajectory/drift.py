@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polar.errors import SplitError
 from polar.trajectory.base import BREAK_NO_END_OF_TURN, BREAK_SPLIT_FAILURE
 from polar.trajectory.lineage import common_prefix
 
@@ -23,14 +24,6 @@ class TurnSplit:
 
     skip: int
     drift_tokens: int
-
-
-class SplitError(Exception):
-    """The new part cannot be split; ``reason`` is a break reason for the trajectory."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def split_turn(sampled: np.ndarray, new_part: np.ndarray, eot: int | None) -> TurnSplit:

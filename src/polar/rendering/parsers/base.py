@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from polar.errors import MalformedCall
 from polar.providers.types import ToolCall
 
 
@@ -49,10 +50,6 @@ class ToolParser(ABC):
         structured output enforces it for ``tool_choice`` (see :mod:`polar.rendering.call_patterns`).
         None: this format cannot force a call, and the gateway refuses such a ``tool_choice``."""
         return None
-
-
-class MalformedCall(ValueError):
-    """Raised inside a parser when a call's markup is broken; the turn becomes plain content."""
 
 
 def new_call(name: str, arguments: dict[str, Any]) -> ToolCall:
