@@ -14,15 +14,8 @@ from polar.rendering.families.registry import get_family
 from polar.rendering.renderer import Renderer
 from polar.rendering.turns import TurnBook
 
-GPT_OSS_SPECIALS = [
-    "<|start|>",
-    "<|channel|>",
-    "<|message|>",
-    "<|constrain|>",
-    "<|end|>",
-    "<|call|>",
-    "<|return|>",
-]
+from .test_special_token_families import GPT_OSS_SPECIALS
+
 BEFORE_MIDNIGHT = datetime(2026, 3, 14, 23, 59, 30)
 
 
@@ -34,7 +27,7 @@ def renderer() -> Renderer:
 
     load_tokenizer()
     tok = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)
-    tok.add_special_tokens({"additional_special_tokens": GPT_OSS_SPECIALS})
+    tok.add_special_tokens({"additional_special_tokens": list(GPT_OSS_SPECIALS)})
     tok.chat_template = llama_cpp_template("openai-gpt-oss-120b.jinja")
     return Renderer(tok, get_family("gpt_oss"))
 

@@ -88,14 +88,24 @@ class Family:
     ) -> str:
         """The prompt text vLLM's chat endpoint would feed the model (override: an encoder);
         ``started`` (the session's start) is the date a template prints (:func:`dated`)."""
+        template = dated(chat_template or tokenizer.chat_template, started)
+        tools, extra = self.template_inputs(tools, template)
         return render_text(
             tokenizer,
             messages,
             tools,
             add_generation_prompt=add_generation_prompt,
-            chat_template=dated(chat_template or tokenizer.chat_template, started),
+            chat_template=template,
             continue_final=continue_final,
+            template_kwargs=extra,
         )
+
+    def template_inputs(
+        self, tools: list[dict[str, Any]] | None, template: str | None
+    ) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+        """The tools and extra template variables the family's own tokenizer code hands its
+        template (Kimi: key-sorted tools and ``tools_ts_str``); default: the tools, nothing."""
+        return tools, {}
 
     def parser(self) -> ToolParser:
         return get_tool_parser(self.tool_parser)

@@ -13,17 +13,9 @@ schema the encoder cannot express gets, as with the tokenizer.
 from __future__ import annotations
 
 from contextlib import suppress
-from datetime import datetime
 from typing import Any
 
-from polar.rendering.chat_template import render_text
-from polar.rendering.families.base import (
-    Family,
-    Features,
-    dated,
-    has_special,
-    template_has,
-)
+from polar.rendering.families.base import Family, Features, has_special, template_has
 from polar.rendering.families.kimi_tools_ts import deep_sorted, typescript_declarations
 
 _SECTION = (
@@ -49,30 +41,14 @@ class KimiK2Family(Family):
             tokenizer, "tool_calls_section_begin"
         )
 
-    def render(
-        self,
-        tokenizer: Any,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        *,
-        chat_template: str | None,
-        add_generation_prompt: bool = True,
-        continue_final: bool = False,
-        started: datetime | None = None,
-    ) -> str:
-        template = chat_template or getattr(tokenizer, "chat_template", None)
-        extra: dict[str, Any] = {}
-        if tools and isinstance(template, str) and "tools_ts_str" in template:
-            tools = deep_sorted(tools)
-            # A schema the encoder refuses: the JSON fallback, as with Kimi's tokenizer.
-            with suppress(ValueError, TypeError, KeyError, AttributeError):
-                extra["tools_ts_str"] = typescript_declarations(tools)
-        return render_text(
-            tokenizer,
-            messages,
-            tools,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=dated(template, started),
-            continue_final=continue_final,
-            template_kwargs=extra,
-        )
+    def template_inputs(
+        self, tools: list[dict[str, Any]] | None, template: str | None
+    ) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+        """Key-sorted tools and their TypeScript declarations where the template reads them."""
+        if not tools or template is None or "tools_ts_str" not in template:
+            return tools, {}
+        tools = deep_sorted(tools)
+        # A schema the encoder refuses: the JSON fallback, as with Kimi's tokenizer.
+        with suppress(ValueError, TypeError, KeyError, AttributeError):
+            return tools, {"tools_ts_str": typescript_declarations(tools)}
+        return tools, {}
