@@ -1,7 +1,7 @@
 """Benchmark ``polar quickstart`` end to end: where a run's time goes, run after run.
 
-Each run is the real command (12 one-call Pi sessions in bubblewrap by default, on the embedded
-SmolLM2) in its own directory; its run directory is then read back:
+Each run is the real command (12 Pi sessions in bubblewrap by default, three model calls each:
+the suite's conversations, on the embedded SmolLM2) in its own directory; its run directory is then read back:
 
 * when the sessions started and when the first and last of the first model calls arrived,
   counted from the command's start (harness start-up is the gap between the two);
@@ -35,7 +35,7 @@ from typing import Any
 
 POLAR = Path(sys.executable).with_name("polar")
 SMOKE = ["--model", "tiny", "--tasks", "1", "--samples", "2"]
-SMOKE += ["--max-turns", "1", "--max-tokens", "8"]
+SMOKE += ["--max-turns", "3", "--max-tokens", "8"]  # 3: the conversations' three calls
 
 
 def run_once(out: Path, src: str | None, extra: list[str]) -> dict[str, Any]:
