@@ -1,6 +1,9 @@
 """The rollout service: tasks in, sessions dispatched over nodes, results and callbacks out.
 
-The HTTP routes in ``app.py`` are a thin shell around this class. Invariants it keeps:
+The HTTP routes in ``app.py`` are a thin shell around this class. It is the task lifecycle
+(submit, cancel, results, callbacks) joined with :class:`~polar.rollout.dispatch.Dispatch` and
+:class:`~polar.rollout.liveness.NodeLiveness`, over the state in
+:class:`~polar.rollout.service_core.ServiceCore`. Invariants it keeps:
 
 - a session is bound to one node before it is sent, and re-sent only to that node, so a lost
   acknowledgement is retried against the node's idempotent dispatch and never starts it twice;
@@ -18,12 +21,10 @@ docs/observability.md#logs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,22 +33,22 @@ import httpx
 import orjson
 from starlette.responses import Response
 
-from polar.delivery import Outcome, deliver
 from polar.errors import CallbackRefused, TaskRefused
 from polar.logs import log_event
 from polar.rollout.access import Access
 from polar.rollout.activity import Activity
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
+from polar.rollout.dispatch import Dispatch
 from polar.rollout.events import EventBus
-from polar.rollout.metrics import DEAD, DRAINED, DRAINING, HEALTHY, SILENT, RolloutMetrics
+from polar.rollout.liveness import NodeLiveness
+from polar.rollout.metrics import RolloutMetrics
 from polar.rollout.node_provider import NodeProvider, StaticProvider
-from polar.rollout.nodes import NodeRecord, NodeRegistry
-from polar.rollout.scheduler import choose_node
+from polar.rollout.nodes import NodeRegistry
+from polar.rollout.service_core import failed_result
 from polar.rollout.store import RolloutStore, SessionRow, TaskRow
 from polar.schemas.ids import new_session_id
-from polar.schemas.node import NodeReport, NodeSessionInfo, Registered, SessionDispatch
-from polar.schemas.rollout import CallbackState, EventKind, NodeView, SessionView, TaskSummary
+from polar.schemas.rollout import CallbackState, EventKind, SessionView, TaskSummary
 from polar.schemas.task import (
     SessionFailure,
     SessionResult,
@@ -61,13 +62,12 @@ from polar.tokens import admin_token
 
 log = logging.getLogger("polar.rollout")
 
-_DISPATCH_BATCH = 512
 CANCELLED = "cancelled"
 # A node's ERROR result that names no failure (a node older than the field): scored as before.
 UNSPECIFIED = SessionFailure(kind="agent", reason="unspecified")
 
 
-class RolloutService:
+class RolloutService(Dispatch, NodeLiveness):
     """Owns the store, the node registry, the dispatch and liveness loops, and callbacks."""
 
     def __init__(
@@ -227,7 +227,7 @@ class RolloutService:
         told = await asyncio.gather(*(self._cancel_on_node(r) for r in unfinished))
         for row, on_node in zip(unfinished, told, strict=True):
             if not on_node:
-                await self.accept_result(_failed(row, row.node_id, CANCELLED, CANCELLED))
+                await self.accept_result(failed_result(row, row.node_id, CANCELLED, CANCELLED))
         if unfinished:
             log_event(
                 log,
@@ -331,134 +331,6 @@ class RolloutService:
             request = self._requests[task_id] = row.request
         return request
 
-    # -- nodes ---------------------------------------------------------------------------
-
-    async def register(self, report: NodeReport, credential: str | None = None) -> Registered:
-        """A node (re)started: sessions it acknowledged but no longer holds are lost.
-        ``credential`` is what the server calls the node with (and the node's answer)."""
-        record = self.nodes.register(report.status)
-        record.credential = credential
-        for row in await asyncio.to_thread(self.store.unfinished_on, record.node_id):
-            if row.acknowledged and row.session_id not in report.sessions:
-                await self.accept_result(
-                    _failed(
-                        row,
-                        record.node_id,
-                        f"node {record.node_id} restarted and lost it",
-                        "node_restarted",
-                    )
-                )
-        retired = await self._note_statuses(record.node_id, report.sessions)
-        self.events.publish(EventKind.NODE_REGISTERED, node_id=record.node_id, url=record.url)
-        log_event(
-            log,
-            "node.registered",
-            f"node {record.node_id} registered at {record.url}",
-            node_id=record.node_id,
-            url=record.url,
-        )
-        self.wake()
-        return Registered(
-            node_id=record.node_id,
-            heartbeat_s=self._heartbeat_s(),
-            credential=credential,
-            retired=retired,
-        )
-
-    async def heartbeat(self, report: NodeReport) -> Registered | None:
-        """``None`` when the node must register again (unknown, or declared dead)."""
-        record = self.nodes.heartbeat(report.status)
-        if record is None:
-            return None
-        retired = await self._note_statuses(record.node_id, report.sessions)
-        if record.load is not None and record.load.eligible:
-            self.wake()
-        return Registered(node_id=record.node_id, heartbeat_s=self._heartbeat_s(), retired=retired)
-
-    async def drain(self, node_id: str, deadline_s: float | None = None) -> NodeRecord | None:
-        """Stop scheduling to a node and ask it to drain (it finishes what it has); with
-        ``deadline_s``, what it still has then is failed as infra (the node stops it)."""
-        record = self.nodes.drain(node_id)
-        if record is None:
-            return None
-        if deadline_s is not None:
-            earlier = self._deadlines.pop(node_id, None)
-            if earlier is not None:
-                earlier.cancel()
-            self._deadlines[node_id] = asyncio.create_task(
-                self._drain_deadline(node_id, deadline_s), name=f"drain-deadline-{node_id}"
-            )
-        if record.url:
-            try:
-                await self.client.post(
-                    f"{record.url}/polar/node/drain", headers=self._node_headers(node_id), timeout=5
-                )
-            except httpx.HTTPError as exc:
-                log_event(
-                    log,
-                    "node.drain_failed",
-                    f"could not tell node {node_id} to drain: {exc!r}",
-                    level=logging.WARNING,
-                    node_id=node_id,
-                    error=repr(exc),
-                )
-        self.events.publish(EventKind.NODE_DRAINING, node_id=node_id)
-        log_event(log, "node.draining", f"node {node_id} draining", node_id=node_id)
-        return record
-
-    def node_views(self) -> list[NodeView]:
-        views = []
-        now = self.nodes.clock()
-        for record in self.nodes.all():
-            status = record.status
-            views.append(
-                NodeView(
-                    node_id=record.node_id,
-                    url=record.url,
-                    healthy=self.nodes.healthy(record),
-                    draining=record.draining,
-                    dead=record.dead and not record.drained,
-                    drained=record.drained,
-                    seen_s_ago=round(now - record.last_seen, 3),
-                    capacity=status.capacity if status else 0,
-                    stages=status.stages.model_dump() if status else {},
-                    workers=status.workers.model_dump() if status else {},
-                    paused=status.paused if status else False,
-                    policy_version=status.policy_version if status else 0,
-                )
-            )
-        return views
-
-    def _heartbeat_s(self) -> float:
-        return max(0.05, self.config.heartbeat_timeout_s / 3)
-
-    async def _note_statuses(self, node_id: str, sessions: dict[str, SessionStatus]) -> list[str]:
-        """Record the progress a node reports of its own unfinished sessions. Those this server
-        finished without it (it was declared dead) or bound to another node are returned: the
-        node closes them. Ids the server never issued are left alone (dispatched by hand)."""
-        if not sessions:
-            return []
-        bound = await asyncio.to_thread(self.store.bindings, list(sessions))
-        held = {
-            sid for sid, (node, status) in bound.items() if node == node_id and not status.finished
-        }
-        changed = {
-            sid: status
-            for sid, status in sessions.items()
-            if sid in held and not status.finished and self._known_status.get(sid) != status
-        }
-        retired = [sid for sid in bound if sid not in held]
-        if not changed:
-            return retired
-
-        def write() -> None:
-            for sid, status in changed.items():
-                self.store.set_status(sid, status)
-
-        await asyncio.to_thread(write)
-        self._known_status.update(changed)
-        return retired
-
     # -- results -------------------------------------------------------------------------
 
     async def accept_result(self, result: SessionResult) -> bool:
@@ -524,319 +396,6 @@ class RolloutService:
         self.metrics.callback_done(state == CallbackState.DELIVERED)
         self.events.publish(EventKind.CALLBACK, session_id=session_id, state=state)
 
-    # -- dispatch ------------------------------------------------------------------------
-
-    def wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _dispatch_loop(self) -> None:
-        assert self._wake is not None
-        while True:
-            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.dispatch_interval_s):
-                    await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.dispatch_once()
-            except Exception as exc:
-                log_event(
-                    log,
-                    "rollout.dispatch_round_failed",
-                    "dispatch round failed",
-                    level=logging.ERROR,
-                    exc_info=True,
-                    error=repr(exc),
-                )
-
-    async def dispatch_once(self) -> int:
-        """Bind queued sessions to nodes (least pressure first) and start sending them."""
-        loads = self.nodes.loads()
-        free = sum(load.capacity for load in loads if load.eligible)
-        if free <= 0:
-            return 0
-        rows = await asyncio.to_thread(self.store.unassigned, min(free, _DISPATCH_BATCH))
-        plan: list[tuple[SessionRow, str]] = []
-        for row in rows:
-            node = choose_node(loads)
-            if node is None:
-                break
-            node.assign()
-            plan.append((row, node.node_id))
-        if not plan:
-            return 0
-
-        def bind() -> list[tuple[SessionRow, str]]:
-            # A session cancelled since it was read is not bound, nor sent.
-            return [(row, node) for row, node in plan if self.store.assign(row.session_id, node)]
-
-        bound = await asyncio.to_thread(bind)
-        for row, node_id in bound:
-            self._send(row, node_id)
-        return len(bound)
-
-    def _send(self, row: SessionRow, node_id: str) -> None:
-        if row.session_id in self._sending:
-            return
-        task = asyncio.create_task(self._send_until_acknowledged(row, node_id))
-        self._sending[row.session_id] = task
-        task.add_done_callback(lambda _: self._sending.pop(row.session_id, None))
-
-    async def _send_until_acknowledged(self, row: SessionRow, node_id: str) -> None:
-        """POST the dispatch to its node until it answers: only that node, for as long as it
-        lives (the liveness loop fails the sessions of a node that dies)."""
-        what = f"dispatch of {row.session_id} to {node_id}"
-        # No deadline: the node's liveness, not a timer, decides when to stop.
-        policy = self.config.dispatch_retry.model_copy(update={"deadline_s": None})
-
-        def node_gone() -> bool:
-            record = self.nodes.get(node_id)
-            return record is None or record.dead
-
-        try:
-            body = SessionDispatch(
-                session_id=row.session_id,
-                sample_index=row.sample_index,
-                task=self._request(row.task_id),
-            ).model_dump_json()
-            attempt = partial(self._post_dispatch, row, node_id, body, policy.timeout_s)
-            await deliver(attempt, policy, what=what, give_up_if=node_gone)
-        except Exception as exc:
-            # A bug or a garbled answer, not the network: retrying would repeat it for as long
-            # as the node lives, so fail the session and let its task complete.
-            log_event(
-                log,
-                "session.dispatch_failed",
-                f"{what} broke; failing the session",
-                level=logging.ERROR,
-                exc_info=True,
-                session_id=row.session_id,
-                task_id=row.task_id,
-                node_id=node_id,
-                error=repr(exc),
-            )
-            self.metrics.dispatch_attempts.labels("error").inc()
-            await self.accept_result(
-                _failed(row, node_id, f"{what} failed: {exc!r}", "dispatch_failed")
-            )
-
-    async def _post_dispatch(
-        self, row: SessionRow, node_id: str, body: str, timeout_s: float
-    ) -> Outcome:
-        record = self.nodes.get(node_id)
-        if record is None or record.url is None:
-            return Outcome.RETRY  # owed results after a restart, not registered again yet
-        headers = {**self._node_headers(node_id), "content-type": "application/json"}
-        started = time.perf_counter()
-        try:
-            reply = await self.client.post(
-                f"{record.url}/polar/node/sessions",
-                content=body,
-                headers=headers,
-                timeout=timeout_s,
-            )
-        except httpx.TransportError:
-            self.metrics.dispatch_attempts.labels(Outcome.RETRY.value).inc()
-            raise
-        self.metrics.dispatch_seconds.observe(time.perf_counter() - started)
-        outcome = await self._dispatch_answered(row, node_id, reply)
-        self.metrics.dispatch_attempts.labels(outcome.value).inc()
-        return outcome
-
-    async def _dispatch_answered(
-        self, row: SessionRow, node_id: str, reply: httpx.Response
-    ) -> Outcome:
-        """What a node's answer to a dispatch means, and its effects."""
-        if reply.status_code in (200, 201):
-            info = NodeSessionInfo.model_validate_json(reply.content)
-            await asyncio.to_thread(self.store.acknowledge, row.session_id, info.status)
-            self.events.publish(
-                EventKind.SESSION_DISPATCHED,
-                task_id=row.task_id,
-                session_id=row.session_id,
-                node_id=node_id,
-            )
-            log_event(
-                log,
-                "session.dispatched",
-                f"session {row.session_id} dispatched to node {node_id}",
-                session_id=row.session_id,
-                task_id=row.task_id,
-                node_id=node_id,
-            )
-            return Outcome.DELIVERED
-        if reply.status_code in (429, 503):
-            await asyncio.to_thread(self.store.unassign, row.session_id)
-            log_event(
-                log,
-                "session.requeued",
-                f"node {node_id} refused session {row.session_id} (HTTP {reply.status_code});"
-                " it waits for a node again",
-                session_id=row.session_id,
-                task_id=row.task_id,
-                node_id=node_id,
-                http_status=reply.status_code,
-            )
-            self.wake()
-            return Outcome.REFUSED
-        if reply.status_code >= 500:
-            return Outcome.RETRY
-        error = f"node {node_id} rejected the session: HTTP {reply.status_code}"
-        log_event(
-            log,
-            "session.rejected",
-            error,
-            level=logging.WARNING,
-            session_id=row.session_id,
-            task_id=row.task_id,
-            node_id=node_id,
-            http_status=reply.status_code,
-            error=error,
-        )
-        await self.accept_result(_failed(row, node_id, error, "dispatch_rejected"))
-        return Outcome.REJECTED
-
-    def _node_headers(self, node_id: str) -> dict[str, str]:
-        """The node's own credential (or its admin token from the topology); never the
-        server's admin token, which a node has no business holding."""
-        record = self.nodes.get(node_id)
-        token = self.config.node_tokens.get(node_id) or (record.credential if record else None)
-        return {"authorization": f"Bearer {token}"} if token else {}
-
-    # -- liveness ------------------------------------------------------------------------
-
-    async def _liveness_loop(self) -> None:
-        interval = min(0.5, self.config.node_grace_s / 4)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.expire_nodes()
-            except Exception as exc:
-                log_event(
-                    log,
-                    "rollout.liveness_round_failed",
-                    "liveness round failed",
-                    level=logging.ERROR,
-                    exc_info=True,
-                    error=repr(exc),
-                )
-
-    async def expire_nodes(self) -> list[str]:
-        """Fail the unfinished sessions of nodes silent past their grace period. A draining
-        node that went silent owing nothing was stopped once drained: drained, not dead."""
-        dead = self.nodes.expire()
-        for node_id in dead:
-            rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
-            record = self.nodes.get(node_id)
-            if record is not None and record.draining and not rows:
-                record.drained = True
-                self._log_drained(node_id)
-                continue
-            reason = (
-                f"node {node_id} sent no heartbeat for {self.config.node_grace_s:g}s;"
-                " its sessions are lost"
-            )
-            await self._lose_node(node_id, rows, reason, "node_dead", cause=reason)
-        return dead
-
-    async def node_lost(self, node_id: str, reason: str) -> int | None:
-        """A node's loss was observed (Ray saw it die, an operator says so): fail its unfinished
-        sessions now, as infra, instead of after ``node_grace_s``. ``None``: no such node."""
-        known = self.nodes.get(node_id) is not None
-        newly_dead = self.nodes.declare_dead(node_id)
-        rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
-        if not known and not rows:
-            return None
-        error = f"node {node_id} lost ({reason}); its sessions are lost"
-        await self._lose_node(node_id, rows, error, "node_lost", cause=reason, dead=newly_dead)
-        return len(rows)
-
-    async def forget_credential(self, node_id: str) -> None:
-        """Revoke ``node_id``'s credential for its provider, which is replacing a gateway gone
-        for good (as ``DELETE /nodes/{id}`` does for an operator)."""
-        if await asyncio.to_thread(self.access.retire, node_id):
-            log.warning("node id %r: credential revoked for its replacement gateway", node_id)
-
-    async def node_retired(self, node_id: str) -> None:
-        """A draining node's gateway was stopped on purpose (its provider retired it): the node
-        is drained now, not dead after ``node_grace_s``. What it still owed (past a drain
-        deadline) fails as infra ``drain_deadline``."""
-        if not self.nodes.declare_dead(node_id, drained=True):
-            return
-        rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
-        error = f"node {node_id} drained: its gateway stopped with the session unfinished"
-        await self._fail_all(rows, node_id, error, "drain_deadline")
-        self._log_drained(node_id, failed_sessions=len(rows))
-
-    def _log_drained(self, node_id: str, failed_sessions: int = 0) -> None:
-        log_event(
-            log,
-            "node.drained",
-            f"node {node_id} drained and stopped",
-            node_id=node_id,
-            failed_sessions=failed_sessions,
-        )
-
-    async def _lose_node(
-        self,
-        node_id: str,
-        rows: list[SessionRow],
-        error: str,
-        why: str,
-        *,
-        cause: str,
-        dead: bool = True,
-    ) -> None:
-        """Fail a node's unfinished ``rows`` (infra ``why``), announce its death (``dead``: the
-        first time it is declared) and log ``node.<dead|lost>``."""
-        await self._fail_all(rows, node_id, error, why)
-        if dead:
-            self.events.publish(EventKind.NODE_DEAD, node_id=node_id, failed_sessions=len(rows))
-        log_event(
-            log,
-            "node." + why.removeprefix("node_"),
-            f"{error} ({len(rows)} sessions failed)",
-            level=logging.WARNING,
-            node_id=node_id,
-            failed_sessions=len(rows),
-            error=cause,
-        )
-
-    async def _drain_deadline(self, node_id: str, deadline_s: float) -> None:
-        await asyncio.sleep(deadline_s)
-        self._deadlines.pop(node_id, None)
-        rows = await asyncio.to_thread(self.store.unfinished_on, node_id)
-        error = f"node {node_id} drained: still running at the {deadline_s:g}s deadline"
-        # The node learns from its next heartbeat's answer that these are over and stops them.
-        await self._fail_all(rows, node_id, error, "drain_deadline")
-        log_event(
-            log,
-            "node.drain_deadline",
-            f"{error} ({len(rows)} sessions cancelled)",
-            node_id=node_id,
-            failed_sessions=len(rows),
-        )
-
-    def unfinished_on(self, node_id: str) -> int:
-        """Sessions ``node_id`` still owes (blocking: SQLite)."""
-        return len(self.store.unfinished_on(node_id))
-
-    async def _fail_all(self, rows: list[SessionRow], node_id: str, error: str, why: str) -> None:
-        for row in rows:
-            await self.accept_result(_failed(row, node_id, error, why))
-
-    def node_state(self, record: NodeRecord) -> str:
-        """healthy, draining, drained (and stopped), silent (missed heartbeats, not yet dead)
-        or dead."""
-        if record.drained:
-            return DRAINED
-        if record.dead:
-            return DEAD
-        if not self.nodes.healthy(record):
-            return SILENT
-        return DRAINING if record.draining else HEALTHY
-
     async def metrics_response(self) -> Response:
         """The Prometheus scrape: counters as they stand, state gauges read now."""
         counts = await asyncio.to_thread(self.store.counts)
@@ -864,19 +423,6 @@ def callback_host_allowed(url: str, hosts: list[str]) -> bool:
     return parts.scheme in ("http", "https") and (parts.hostname or "") in {
         h.strip("[]").lower() for h in hosts
     }
-
-
-def _failed(row: SessionRow, node_id: str | None, error: str, reason: str) -> SessionResult:
-    """A session this server ends itself: the infrastructure failed it, not the policy."""
-    return SessionResult(
-        session_id=row.session_id,
-        task_id=row.task_id,
-        status=SessionStatus.ERROR,
-        node_id=node_id,
-        error=error,
-        failure=SessionFailure(kind="infra", reason=reason),
-        metadata={"sample_index": row.sample_index},
-    )
 
 
 def _session_view(row: SessionRow) -> SessionView:
