@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from polar.engines.scripted import Script, ScriptedReply, logged_tokens
-from polar.gateway.rendering import FLAG_RENDERED_WHOLE
 from polar.rendering.families.registry import DETECTION_ORDER, detect_family, get_family
+from polar.schemas.flags import FLAG_RENDERED_WHOLE
 
 from .family_kit import FamilyBackend, ServedGateway, family_tokenizer
 from .harness_kit import FINAL, assert_two_turn_run, harness_prefix, run_cli, shell_call

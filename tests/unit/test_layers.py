@@ -43,6 +43,7 @@ LAYERS: list[set[str]] = [
         "harnesses",
         "client",
         "swe",
+        "turn_rewards",
     },
     {"gateway", "rollout"},
     {"stack", "training", "quickstart", "generation", "ray"},
@@ -199,3 +200,58 @@ def test_the_exception_checker_sees_a_violation(tmp_path: Path) -> None:
         if isinstance(b, ast.Name)
     }
     assert bases <= _BUILTIN_ERRORS
+
+
+# Contracts live in schemas/: the record flags, the model-file cache place, the sampling policy.
+_CONSTANT_SOURCES = ("polar.engines",)
+_ABOVE_THE_SERVERS = {"training", "generation", "quickstart", "ray"}
+
+
+def _named_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every ``from polar.x import name`` in a file, lazy ones included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+        for alias in node.names
+        if node.module.startswith("polar.")
+    ]
+
+
+def _is_contract(name: str) -> bool:
+    return name.isupper() or name == "cache_dir"
+
+
+def _contract_reaches() -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        package = _package_of(path)
+        for module, name in _named_imports(path):
+            below_stack = _layer(package) < _layer("stack") and package != "engines"
+            if below_stack and module.startswith(_CONSTANT_SOURCES) and _is_contract(name):
+                found.append(f"{path.relative_to(SRC)}: {name} from {module}")
+            gateway_policy = name == "SamplingPolicy" and module != "polar.schemas.sampling"
+            if gateway_policy and package in _ABOVE_THE_SERVERS:
+                found.append(f"{path.relative_to(SRC)}: SamplingPolicy from {module}")
+    return found
+
+
+def test_contracts_come_from_schemas() -> None:
+    """Flags, the cache place and the sampling policy are read from schemas/, never from the
+    engine or the gateway that happen to use them."""
+    assert not _contract_reaches(), _contract_reaches()
+
+
+def test_the_contract_checker_sees_a_violation(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from polar.engines.types import FLAG_ABORTED\n"
+        "def later():\n    from polar.gateway.config import SamplingPolicy\n"
+    )
+    assert _named_imports(probe) == [
+        ("polar.engines.types", "FLAG_ABORTED"),
+        ("polar.gateway.config", "SamplingPolicy"),
+    ]
+    assert _is_contract("FLAG_ABORTED") and _is_contract("cache_dir")
+    assert not _is_contract("load_tokenizer")

@@ -14,18 +14,18 @@ import math
 import time
 from typing import Any
 
-from polar.engines.types import (
+from polar.engines.types import TokenCapture
+from polar.errors import EngineError, MalformedEngineReply
+from polar.providers.base import arguments_text, new_id
+from polar.providers.types import FINISH_REASONS, Completion, TokenLogprob, ToolCall
+from polar.schemas.flags import (
     FLAG_LOGPROBS_MISALIGNED,
     FLAG_LOGPROBS_MISSING,
     FLAG_PROMPT_IDS_MISSING,
     FLAG_SAMPLED_IDS_FROM_TOKEN_STRINGS,
     FLAG_SAMPLED_IDS_MISSING,
     FLAG_USAGE_MISMATCH,
-    TokenCapture,
 )
-from polar.errors import EngineError, MalformedEngineReply
-from polar.providers.base import arguments_text, new_id
-from polar.providers.types import FINISH_REASONS, Completion, TokenLogprob, ToolCall
 
 MAX_TOKEN_ID = 2**31 - 1  # the capture store keeps ids as int32
 

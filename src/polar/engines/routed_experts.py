@@ -20,9 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from polar.errors import MalformedEngineReply
-
-# On a call whose routed experts do not cover exactly prompt + sampled - 1 positions.
-FLAG_ROUTED_EXPERTS_MISALIGNED = "routed_experts_misaligned"
+from polar.schemas.flags import FLAG_ROUTED_EXPERTS_MISALIGNED
 
 
 def decode(text: str) -> np.ndarray:

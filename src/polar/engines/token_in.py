@@ -12,14 +12,14 @@ import math
 from typing import Any
 
 from polar.engines.capture import check_id_range
-from polar.engines.types import (
+from polar.engines.types import SampledTokens
+from polar.errors import EngineError
+from polar.schemas.flags import (
     FLAG_LOGPROBS_MISALIGNED,
     FLAG_LOGPROBS_MISSING,
-    SampledTokens,
+    FLAG_PROMPT_ECHO_MISMATCH,
 )
-from polar.errors import EngineError
 
-FLAG_PROMPT_ECHO_MISMATCH = "engine_prompt_differs_from_sent"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
 
 

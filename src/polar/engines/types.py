@@ -7,16 +7,6 @@ from typing import Any
 
 from polar.providers.types import Completion
 
-# Flags recorded on a capture when something was missing or recovered by a fallback.
-FLAG_PROMPT_IDS_MISSING = "prompt_ids_missing"
-FLAG_SAMPLED_IDS_MISSING = "sampled_ids_missing"
-FLAG_SAMPLED_IDS_FROM_TOKEN_STRINGS = "sampled_ids_from_token_strings"
-FLAG_LOGPROBS_MISSING = "logprobs_missing"
-FLAG_LOGPROBS_MISALIGNED = "logprobs_misaligned"
-FLAG_USAGE_MISMATCH = "usage_completion_tokens_mismatch"
-FLAG_MAX_TOKENS_CLAMPED = "max_tokens_clamped"
-FLAG_ABORTED = "aborted"
-
 
 @dataclass
 class TokenCapture:

@@ -10,26 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import load_config
 from polar.engines.registry import EngineConfig
 from polar.schemas.ids import NodeId
+from polar.schemas.sampling import SamplingPolicy  # users still import it from here
 from polar.serving import ServerLimits
 from polar.tokens import GATEWAY_TOKEN_FILE
-
-
-class SamplingPolicy(BaseModel):
-    """The run's sampling parameters, imposed on every call (harnesses mostly send none)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["override", "default"] = Field(
-        "override",
-        description="override: the run's values replace the client's; default: fill gaps only.",
-    )
-    temperature: float | None = Field(1.0, ge=0)
-    top_p: float | None = Field(1.0, gt=0, le=1)
-    top_k: int | None = None
-    seed: int | None = None
-    max_tokens: int | None = Field(
-        None, gt=0, description="Cap on output tokens; larger client requests are clamped."
-    )
 
 
 class NodeConfig(BaseModel):

@@ -31,11 +31,12 @@ from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.engines.vllm import VLLMEngine
 from polar.gateway.app import create_app
-from polar.gateway.config import GatewayConfig, SamplingPolicy
-from polar.gateway.rendering import FLAG_RENDERED_WHOLE
+from polar.gateway.config import GatewayConfig
 from polar.gateway.services import app_services
 from polar.providers.types import NormalizedRequest
 from polar.rendering.turns import TurnBook
+from polar.schemas.flags import FLAG_RENDERED_WHOLE
+from polar.schemas.sampling import SamplingPolicy
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
 BASH_TOOL: dict[str, Any] = {

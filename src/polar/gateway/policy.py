@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from polar.engines.types import FLAG_MAX_TOKENS_CLAMPED
 from polar.gateway.config import GatewayConfig
 from polar.providers.types import NormalizedRequest
+from polar.schemas.flags import FLAG_MAX_TOKENS_CLAMPED
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed")
 

@@ -38,16 +38,17 @@ from polar.providers.types import Completion, NormalizedRequest, TokenLogprob
 from polar.rendering.families.base import Family
 from polar.rendering.renderer import PromptPlan, Renderer
 from polar.rendering.turns import TurnBook
+from polar.schemas.flags import (
+    FLAG_CLAMPED_TO_CONTEXT,
+    FLAG_PARALLEL_CALLS_CUT,
+    FLAG_REASONING_KEPT,
+    FLAG_RENDERED_BY_GATEWAY,
+    FLAG_RENDERED_WHOLE,
+    FLAG_SPLICED,
+)
+from polar.schemas.model_files import SMOLLM2_MODEL_NAME
 
 log = logging.getLogger("polar.gateway")
-
-FLAG_RENDERED_BY_GATEWAY = "rendered_by_gateway"
-FLAG_SPLICED = "prompt_extends_sampled_turn"
-FLAG_RENDERED_WHOLE = "prompt_rendered_whole"
-FLAG_CLAMPED_TO_CONTEXT = "max_tokens_clamped_to_context"
-FLAG_PARALLEL_CALLS_CUT = "parallel_tool_calls_kept_first"
-# A spliced prompt carries past reasoning the family's template drops (reasoning_history: keep).
-FLAG_REASONING_KEPT = "reasoning_history_keep"
 
 
 @dataclass
@@ -201,7 +202,7 @@ def _family(render: RenderConfig, tokenizer: Any) -> Family:
 
 
 def _tokenizer(render: RenderConfig, engine: Engine, info: ModelInfo | None) -> Any:
-    from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
+    from polar.engines.model_files import load_tokenizer
 
     if render.tokenizer:
         if Path(render.tokenizer).exists():

@@ -13,9 +13,7 @@ from typing import Any
 from polar.errors import InvalidRequest
 from polar.providers.types import NormalizedRequest
 from polar.rendering.call_patterns import forced_tools
-
-FLAG_TOOL_CHOICE_ENFORCED = "tool_choice_enforced"
-FLAG_MAX_TOKENS_DEFAULTED = "max_tokens_defaulted"
+from polar.schemas.flags import FLAG_MAX_TOKENS_DEFAULTED, FLAG_TOOL_CHOICE_ENFORCED
 
 
 def forced_choice(request: NormalizedRequest) -> str | None:

@@ -38,7 +38,6 @@ from rich.live import Live
 
 from polar.client import RolloutClient
 from polar.errors import ConfigError
-from polar.gateway.config import SamplingPolicy
 from polar.generation.acceptance import AcceptanceReport, acceptance, write_acceptance
 from polar.generation.attempts import (
     AttemptRecord,
@@ -49,18 +48,19 @@ from polar.generation.attempts import (
 )
 from polar.generation.collect import Collector, TaskPlan
 from polar.generation.dataset import DatasetFiles, write_dataset
-from polar.generation.demonstrator import demonstrator_engine
 from polar.generation.options import GenerateOptions
 from polar.generation.progress import GenerateView
-from polar.quickstart.plan import (
+from polar.schemas.sampling import SamplingPolicy
+from polar.schemas.task import TaskRequest
+from polar.stack.demonstrator import demonstrator_engine
+from polar.stack.local import LocalStack
+from polar.stack.plan import (
     EngineHandle,
     HarnessPlan,
     choose_harness,
     choose_runtime,
     open_engine,
 )
-from polar.schemas.task import TaskRequest
-from polar.stack.local import LocalStack
 from polar.swe.instances import SWEInstance, load_instances
 from polar.swe.tasks import SWETaskOptions, instance_task
 

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from polar.engines.model_files import cache_dir
 from polar.errors import ConfigError, HarnessError
 from polar.harnesses.base import NODE_PACKAGE, Harness
 from polar.harnesses.registry import CLI_PRESETS, create_harness
+from polar.schemas.model_files import cache_dir
 
 NPM_DIR = Path(__file__).with_name("npm")
 STAMP = ".polar-install.json"

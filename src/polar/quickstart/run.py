@@ -22,11 +22,17 @@ import psutil
 from rich.console import Console
 
 from polar.client import RolloutClient
-from polar.gateway.config import SamplingPolicy
 from polar.logs import log_to_file
-from polar.quickstart.loading import quiet_while_loading
 from polar.quickstart.outputs import read_captures, write_outputs
-from polar.quickstart.plan import (
+from polar.quickstart.progress import RunProgress
+from polar.quickstart.report import write_report
+from polar.quickstart.summary import RunSummary, summarize
+from polar.quickstart.tasks import load_suite, task_request
+from polar.schemas.sampling import SamplingPolicy
+from polar.schemas.task import SessionResult, TaskRequest
+from polar.stack.loading import quiet_while_loading
+from polar.stack.local import LocalStack
+from polar.stack.plan import (
     DEFAULT_HARNESS,
     LIGHT_HARNESSES,
     EngineHandle,
@@ -35,13 +41,7 @@ from polar.quickstart.plan import (
     choose_runtime,
     open_engine,
 )
-from polar.quickstart.plan import runtime_spec as make_runtime_spec
-from polar.quickstart.progress import RunProgress
-from polar.quickstart.report import write_report
-from polar.quickstart.summary import RunSummary, summarize
-from polar.quickstart.tasks import load_suite, task_request
-from polar.schemas.task import SessionResult, TaskRequest
-from polar.stack.local import LocalStack
+from polar.stack.plan import runtime_spec as make_runtime_spec
 
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"

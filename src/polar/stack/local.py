@@ -20,13 +20,14 @@ from polar.delivery import RetryPolicy
 from polar.engines.base import Engine
 from polar.engines.registry import EngineConfig
 from polar.gateway.app import create_app as create_gateway_app
-from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
+from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.gateway.listen import bind_gateway
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.dashboard import sign_in_url
+from polar.schemas.sampling import SamplingPolicy
 
 if TYPE_CHECKING:
     from polar.engines.embedded import EmbeddedEngineCore

@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from polar.config_loader import load_config, parse_config
 from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
-from polar.gateway.config import GatewayConfig, NodeConfig, SamplingPolicy
+from polar.gateway.config import GatewayConfig, NodeConfig
 from polar.rollout.config import RolloutServerConfig
 from polar.schemas.ids import NodeId
+from polar.schemas.sampling import SamplingPolicy
 
 
 class WorkerCounts(BaseModel):

@@ -40,7 +40,7 @@ import torch
 from polar.client import RolloutClient
 from polar.engines.embedded import EmbeddedEngineCore, LoadedModel, load_model
 from polar.errors import ConfigError
-from polar.gateway.config import SamplingPolicy
+from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
 from polar.stack.local import LocalStack
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from polar.capture.records import CaptureRecord
 from polar.engines import routed_experts
-from polar.engines.types import FLAG_ABORTED
 from polar.errors import ConfigError
+from polar.schemas.flags import FLAG_ABORTED
 from polar.schemas.trajectory import (
     MaskReason,
     MaskSpan,

@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 
 from polar.engines.capture import capture_from_response
-from polar.engines.types import (
+from polar.errors import EngineError
+from polar.schemas.flags import (
     FLAG_LOGPROBS_MISALIGNED,
     FLAG_LOGPROBS_MISSING,
     FLAG_PROMPT_IDS_MISSING,
     FLAG_SAMPLED_IDS_FROM_TOKEN_STRINGS,
     FLAG_USAGE_MISMATCH,
 )
-from polar.errors import EngineError
 
 
 def _message(**kw):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.engines.model_files import SMOLLM2_MODEL_NAME
+from polar.schemas.model_files import SMOLLM2_MODEL_NAME
 
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny"
