@@ -172,8 +172,7 @@ class EnginePool(Engine):
                     raise  # alive but refusing (overloaded): its own answer stands
                 log.warning("engine replica %s died; moving its sessions", current.name)
                 current.healthy = False
-                replica, moved = self._choose(session_id)
-                moved = moved or session_id is not None
+                replica, moved = self._choose(session_id)  # moved: the session had a replica
             finally:
                 current.in_flight -= 1
 
