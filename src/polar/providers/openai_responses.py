@@ -11,6 +11,10 @@ Codex's non-function tools are mapped to plain functions the engine can call: a 
 a command array. Calls to them are rendered back as ``custom_tool_call`` / ``local_shell_call``
 items so the harness runs them as it expects. Hosted tools (web search, file search, ...) are
 dropped: the engine cannot run them.
+
+The input items' folding lives in ``openai_responses_input.py`` and the output items, Response
+object and stream events in ``openai_responses_output.py``; this module is the adapter, its
+request fields and tools, and its errors.
 """
 
 from __future__ import annotations
@@ -21,18 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import orjson
-
 from polar.errors import GatewayError, InvalidRequest, NotFound
 from polar.providers.base import (
     COUNT_TOKENS,
     GENERATE,
     Provider,
     RequestContext,
-    arguments_object,
-    arguments_text,
-    chat_content,
-    join_text,
     new_id,
     optional_number,
     require_dict,
@@ -42,7 +40,20 @@ from polar.providers.base import (
 from polar.providers.logprobs import sampled_logprobs
 from polar.providers.openai_chat import OPENAI_ROUTING
 from polar.providers.openai_errors import openai_error_body
-from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.openai_responses_input import (
+    LOCAL_SHELL,
+    History,
+    optional_str,
+    required_str,
+)
+from polar.providers.openai_responses_output import (
+    ResponsesState,
+    StreamEvents,
+    output_items,
+    response_object,
+    responses_state,
+    stream_item,
+)
 from polar.providers.routing import ProviderRouting
 from polar.providers.stateful import RETRIEVE, StatefulReplies
 from polar.providers.types import (
@@ -53,10 +64,7 @@ from polar.providers.types import (
     ResponseFormat,
     SamplingParams,
     Tool,
-    ToolCall,
 )
-
-LOCAL_SHELL = "local_shell"
 
 _LOCAL_SHELL_TOOL: Tool = {
     "type": "function",
@@ -81,35 +89,10 @@ _LOCAL_SHELL_TOOL: Tool = {
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
-# Items that are sampled by the model, in the order one turn emits them. A new assistant
-# message starts when an item's rank is below the open turn's (reasoning after a call), or when
-# a second text message arrives; consecutive calls always join the open turn.
-_REASONING, _CONTENT, _CALLS = 0, 1, 2
-
-_CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
-_OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
-
 _CONVERSATION_REFUSED = (
     "conversation is not supported by this gateway; use previous_response_id to continue a "
     "stored response"
 )
-
-
-@dataclass
-class ResponsesState:
-    """What this adapter remembers between parsing a request and rendering its reply."""
-
-    custom_tools: list[str] = field(default_factory=list)  # calls to these are custom_tool_call
-    local_shell: bool = False  # a local_shell tool was declared: its calls are local_shell_call
-    echo: dict[str, Any] = field(default_factory=dict)  # request fields the Response repeats
-    previous_response_id: str | None = None  # the stored response this call continues
-    store: bool = True  # keep the Response for retrieval and continuation (the API's default)
-    instructions: str | None = None  # leads the system message; never carried to a next call
-
-
-def _state(request: NormalizedRequest) -> ResponsesState:
-    state = request.adapter_state
-    return state if isinstance(state, ResponsesState) else ResponsesState()
 
 
 class OpenAIResponsesProvider(Provider, StatefulReplies):
@@ -143,11 +126,11 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
 
     def parse_request(self, body: Any, ctx: RequestContext) -> NormalizedRequest:
         body = require_dict(body)
-        model = _optional_str(body, "model") or ""
-        instructions = _optional_str(body, "instructions")
+        model = optional_str(body, "model") or ""
+        instructions = optional_str(body, "instructions")
         tools = _convert_tools(body.get("tools"))
 
-        history = _History()
+        history = History()
         if instructions:
             history.system.append(instructions)
         raw_input = body.get("input")
@@ -163,7 +146,7 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
         tool_choice = _convert_tool_choice(body.get("tool_choice"), tools.tools)
         if body.get("conversation") is not None:
             raise InvalidRequest(_CONVERSATION_REFUSED)
-        previous = _optional_str(body, "previous_response_id")
+        previous = optional_str(body, "previous_response_id")
         _check_accepted(body)
         state = ResponsesState(
             custom_tools=tools.custom,
@@ -201,19 +184,19 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
-        return _response_object(completion, request, _output_items(completion, request))
+        return response_object(completion, request, output_items(completion, request))
 
     def render_stream(self, completion: Completion, request: NormalizedRequest) -> list[bytes]:
-        items = _output_items(completion, request)
-        events = _Events()
-        opening = _response_object(completion, request, [], in_progress=True)
+        items = output_items(completion, request)
+        events = StreamEvents()
+        opening = response_object(completion, request, [], in_progress=True)
         events.emit("response.created", response=opening)
         events.emit("response.in_progress", response=opening)
         for index, item in enumerate(items):
-            _stream_item(events, index, item)
+            stream_item(events, index, item)
         # Always response.completed, even for a length stop (whose status is "incomplete"):
         # Codex treats response.incomplete as a failed stream and retries the same request.
-        events.emit("response.completed", response=_response_object(completion, request, items))
+        events.emit("response.completed", response=response_object(completion, request, items))
         return events.frames
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
@@ -262,13 +245,13 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
     def reply_to_store(
         self, completion: Completion, request: NormalizedRequest
     ) -> tuple[str, dict[str, Any]] | None:
-        if not _state(request).store:
+        if not responses_state(request).store:
             return None
         reply = self.render_response(completion, request)
         return reply["id"], reply
 
     def continues(self, request: NormalizedRequest) -> str | None:
-        return _state(request).previous_response_id
+        return responses_state(request).previous_response_id
 
     def continue_after(
         self, request: NormalizedRequest, context: list[Message], stored: dict[str, Any]
@@ -287,9 +270,9 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
         new_system = ""
         if own and own[0].get("role") == "system":
             new_system = _without_lead(
-                own.pop(0).get("content") or "", _state(request).instructions
+                own.pop(0).get("content") or "", responses_state(request).instructions
             )
-        parts = (_state(request).instructions or "", old_system, new_system)
+        parts = (responses_state(request).instructions or "", old_system, new_system)
         system = "\n\n".join(part for part in parts if part)
         lead: list[Message] = [{"role": "system", "content": system}] if system else []
         request.messages = lead + earlier + own
@@ -306,24 +289,10 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
 # --------------------------------------------------------------------------- request: fields
 
 
-def _optional_str(body: Mapping[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, str):
-        raise InvalidRequest(f"{key} must be a string")
-    return value
-
-
 def _optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"{key} must be a boolean")
-    return value
-
-
-def _required_str(item: Mapping[str, Any], key: str, what: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{what} needs a string {key!r}")
     return value
 
 
@@ -364,7 +333,7 @@ def _check_accepted(body: Mapping[str, Any]) -> None:
 
 def _without_lead(system: str, instructions: Any) -> str:
     """A system message's text less the ``instructions`` it starts with (joined by a blank line,
-    as :class:`_History` joins them)."""
+    as :class:`History` joins them)."""
     if not isinstance(instructions, str) or not instructions:
         return system
     if system == instructions:
@@ -453,8 +422,8 @@ def _convert_tools(raw: Any) -> _Tools:
 
 
 def _function_tool(tool: Mapping[str, Any]) -> Tool:
-    name = _required_str(tool, "name", "a function tool")
-    description = _optional_str(tool, "description")
+    name = required_str(tool, "name", "a function tool")
+    description = optional_str(tool, "description")
     parameters = tool.get("parameters")
     if parameters is None:
         parameters = copy.deepcopy(_EMPTY_SCHEMA)
@@ -468,8 +437,8 @@ def _function_tool(tool: Mapping[str, Any]) -> Tool:
 
 def _custom_tool(tool: Mapping[str, Any]) -> Tool:
     """A freeform tool as a function of one string; its grammar, if any, goes in the hint."""
-    name = _required_str(tool, "name", "a custom tool")
-    description = _optional_str(tool, "description")
+    name = required_str(tool, "name", "a custom tool")
+    description = optional_str(tool, "description")
     hint = "The raw input for this tool."
     fmt = tool.get("format")
     if isinstance(fmt, dict) and fmt.get("type") == "grammar":
@@ -493,7 +462,7 @@ def _allowed_tools(mode: str, allowed: Any, tools: list[dict[str, Any]]) -> Any:
     declared functions cannot be expressed to the engine, so it is refused by name rather than
     widened to every tool."""
     names = [
-        _required_str(require_dict(t, "tool_choice.tools[]"), "name", "tool_choice.tools[]")
+        required_str(require_dict(t, "tool_choice.tools[]"), "name", "tool_choice.tools[]")
         for t in require_list(allowed, "tool_choice.tools")
         if isinstance(t, dict) and t.get("type") == "function"
     ]
@@ -514,7 +483,7 @@ def _convert_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
     if isinstance(value, dict):
         kind = value.get("type")
         if kind in ("function", "custom"):
-            name = _required_str(value, "name", "tool_choice")
+            name = required_str(value, "name", "tool_choice")
             return {"type": "function", "function": {"name": name}}
         if kind == "allowed_tools":
             mode = value.get("mode")
@@ -525,431 +494,6 @@ def _convert_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
             # A hosted tool (web_search, ...) was dropped; the model may still pick others.
             return "auto"
     raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or a tool object")
-
-
-# --------------------------------------------------------------------------- request: items
-
-
-class _History:
-    """Folds input items into chat messages: one assistant message per sampled turn."""
-
-    def __init__(self) -> None:
-        self.system: list[str] = []
-        self.messages: list[Message] = []
-        self.ignored: list[str] = []
-        self._turn: Message | None = None
-        self._rank = _REASONING
-        self._tool_images: list[dict[str, Any]] = []
-
-    def add(self, raw: Any) -> None:
-        item = require_dict(raw, "each input item")
-        kind = item.get("type")
-        if kind is None and "role" in item:
-            kind = "message"
-        if kind in _OUTPUT_ITEMS:
-            self._close_turn()
-            self._tool_output(item, kind)
-            return
-        self._flush_tool_images()
-        if kind == "message":
-            self._message(item)
-        elif kind == "reasoning":
-            self._reasoning(item)
-        elif kind in _CALL_ITEMS:
-            self._call(item, kind)
-        elif kind == "item_reference":
-            return
-        elif isinstance(kind, str):
-            # Hosted-tool calls, compaction summaries, ...: nothing the engine can replay.
-            self._close_turn()
-            if kind not in self.ignored:
-                self.ignored.append(kind)
-        else:
-            raise InvalidRequest("each input item needs a string 'type' or a 'role'")
-
-    def finish(self) -> list[Message]:
-        self._flush_tool_images()
-        system = [s for s in self.system if s]
-        if not system:
-            return self.messages
-        return [{"role": "system", "content": "\n\n".join(system)}, *self.messages]
-
-    def _close_turn(self) -> None:
-        self._turn = None
-
-    def _open_turn(self, rank: int) -> Message:
-        """The assistant message this item belongs to, starting a new one when it must."""
-        turn = self._turn
-        if turn is None or self._rank > rank or (rank == _CONTENT == self._rank):
-            turn = {"role": "assistant", "content": ""}
-            self.messages.append(turn)
-            self._turn = turn
-        self._rank = rank
-        return turn
-
-    def _message(self, item: Mapping[str, Any]) -> None:
-        role = item.get("role")
-        content = item.get("content")
-        if role in ("system", "developer"):
-            self._close_turn()
-            self.system.append(_text_only(content, f"a {role} message"))
-        elif role == "user":
-            self._close_turn()
-            self.messages.append({"role": "user", "content": chat_content(_parts(content))})
-        elif role == "assistant":
-            text = _text_only(content, "an assistant message")
-            turn = self._open_turn(_CONTENT)
-            turn["content"] = text
-        else:
-            raise InvalidRequest("message role must be user, assistant, system or developer")
-
-    def _reasoning(self, item: Mapping[str, Any]) -> None:
-        text = _reasoning_text(item)
-        if not text:
-            # Redacted or foreign reasoning: nothing to keep, but it still starts a turn.
-            self._close_turn()
-            return
-        turn = self._open_turn(_REASONING)
-        turn["reasoning"] = join_text([turn.get("reasoning", ""), text])
-
-    def _call(self, item: Mapping[str, Any], kind: str) -> None:
-        call = _history_call(item, kind)
-        turn = self._open_turn(_CALLS)
-        turn.setdefault("tool_calls", []).append(call)
-
-    def _tool_output(self, item: Mapping[str, Any], kind: str) -> None:
-        if kind == "local_shell_call_output" and not isinstance(item.get("call_id"), str):
-            call_id = _required_str(item, "id", "a local_shell_call_output")
-        else:
-            call_id = _required_str(item, "call_id", f"a {kind}")
-        texts: list[str] = []
-        output = item.get("output")
-        if isinstance(output, str):
-            texts.append(output)
-        else:
-            for part in _parts(output):
-                if part["type"] == "text":
-                    texts.append(part["text"])
-                elif part["type"] == "image_url":
-                    self._tool_images.append(part)
-                else:
-                    raise InvalidRequest("tool outputs may only contain text and images")
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": join_text(texts)})
-
-    def _flush_tool_images(self) -> None:
-        """Chat tool messages carry text only, so images from tool outputs follow as a user turn."""
-        if self._tool_images:
-            self.messages.append({"role": "user", "content": self._tool_images})
-            self._tool_images = []
-
-
-def _history_call(item: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    """A replayed call item as a chat tool call (ids kept verbatim)."""
-    if kind == "function_call":
-        call_id = _required_str(item, "call_id", "a function_call")
-        name = _required_str(item, "name", "a function_call")
-        arguments = item.get("arguments")
-        if arguments is not None and not isinstance(arguments, str | dict):
-            raise InvalidRequest("function_call arguments must be a string")
-        text = arguments_text(arguments)
-    elif kind == "custom_tool_call":
-        call_id = _required_str(item, "call_id", "a custom_tool_call")
-        name = _required_str(item, "name", "a custom_tool_call")
-        text = orjson.dumps({"input": _required_str(item, "input", "a custom_tool_call")}).decode()
-    else:
-        call_id = item.get("call_id") or _required_str(item, "id", "a local_shell_call")
-        if not isinstance(call_id, str):
-            raise InvalidRequest("a local_shell_call needs a string 'call_id'")
-        name = LOCAL_SHELL
-        text = orjson.dumps(_shell_arguments(item.get("action"))).decode()
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
-
-
-def _shell_arguments(action: Any) -> dict[str, Any]:
-    """A local_shell action as the arguments of our ``local_shell`` function."""
-    action = require_dict(action, "local_shell_call action")
-    command = action.get("command")
-    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
-        raise InvalidRequest("local_shell_call action.command must be an array of strings")
-    arguments: dict[str, Any] = {"command": command}
-    workdir = _optional_str(action, "working_directory")
-    if workdir is not None:
-        arguments["workdir"] = workdir
-    timeout = optional_number(action, "timeout_ms", int)
-    if timeout is not None:
-        arguments["timeout_ms"] = timeout
-    return arguments
-
-
-def _reasoning_text(item: Mapping[str, Any]) -> str:
-    """Our own blob gives the exact text back; otherwise raw reasoning, else the summary."""
-    decoded = decode_reasoning(_optional_str(item, "encrypted_content"))
-    if decoded is not None:
-        return decoded
-    content = [
-        _required_str(require_dict(p, "reasoning content"), "text", "reasoning content")
-        for p in require_list(item.get("content"), "reasoning content")
-    ]
-    if any(content):
-        return join_text(content)
-    summary = [
-        _required_str(require_dict(p, "reasoning summary"), "text", "reasoning summary")
-        for p in require_list(item.get("summary"), "reasoning summary")
-    ]
-    return join_text(summary)
-
-
-def _parts(content: Any) -> list[dict[str, Any]]:
-    """Responses content (a string or typed parts) as chat content parts."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    parts: list[dict[str, Any]] = []
-    for raw in require_list(content, "message content"):
-        part = require_dict(raw, "each content part")
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": _required_str(part, "text", f"a {kind} part")})
-        elif kind == "refusal":
-            parts.append({"type": "text", "text": _required_str(part, "refusal", "a refusal")})
-        elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str) or not url:
-                raise InvalidRequest("input_image needs an image_url (file ids are not supported)")
-            image: dict[str, Any] = {"url": url}
-            if isinstance(part.get("detail"), str):
-                image["detail"] = part["detail"]
-            parts.append({"type": "image_url", "image_url": image})
-        elif kind == "input_file":
-            data = part.get("file_data")
-            if not isinstance(data, str) or not data:
-                raise InvalidRequest("input_file needs file_data (file ids are not supported)")
-            file: dict[str, Any] = {"file_data": data}
-            if isinstance(part.get("filename"), str):
-                file["filename"] = part["filename"]
-            parts.append({"type": "file", "file": file})
-        else:
-            raise InvalidRequest(f"unsupported content part type {kind!r}")
-    return parts
-
-
-def _text_only(content: Any, what: str) -> str:
-    parts = _parts(content)
-    if any(p["type"] != "text" for p in parts):
-        raise InvalidRequest(f"{what} may only contain text")
-    return join_text([p["text"] for p in parts])
-
-
-# --------------------------------------------------------------------------- response
-
-
-def _base_id(completion: Completion) -> str:
-    return completion.id.removeprefix("resp_") or "0"
-
-
-def _output_items(completion: Completion, request: NormalizedRequest) -> list[dict[str, Any]]:
-    """Output items in the order a turn produces them: reasoning, message, calls."""
-    base = _base_id(completion)
-    items: list[dict[str, Any]] = []
-    if completion.reasoning:
-        items.append(
-            {
-                "id": f"rs_{base}_{len(items)}",
-                "type": "reasoning",
-                "summary": [{"type": "summary_text", "text": completion.reasoning}],
-                "encrypted_content": encode_reasoning(completion.reasoning),
-            }
-        )
-    if completion.content or not (items or completion.tool_calls):
-        status = "incomplete" if completion.finish_reason == "length" else "completed"
-        items.append(
-            {
-                "id": f"msg_{base}_{len(items)}",
-                "type": "message",
-                "role": "assistant",
-                "status": status,
-                "content": [_output_text(completion.content, _text_logprobs(completion, request))],
-            }
-        )
-    for number, call in enumerate(completion.tool_calls):
-        call_id = call.id or f"call_{base}_{number}"
-        items.append(_call_item(call, call_id, f"{base}_{len(items)}", _state(request)))
-    return items
-
-
-def _output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
-
-
-def _text_logprobs(completion: Completion, request: NormalizedRequest) -> list[dict[str, Any]]:
-    if not request.logprobs:
-        return []
-    return [
-        {
-            "token": t.token,
-            "logprob": t.logprob,
-            "bytes": list(t.token.encode()),
-            "top_logprobs": [],
-        }
-        for t in completion.logprobs or ()
-    ]
-
-
-def _call_item(call: ToolCall, call_id: str, suffix: str, state: ResponsesState) -> dict[str, Any]:
-    """A tool call in the item type the harness declared the tool with."""
-    if call.name in state.custom_tools:
-        args = arguments_object(call.arguments)
-        value = args.get("input")
-        # A model that ignored the one-string schema still gets its text to the harness.
-        text = value if isinstance(value, str) and len(args) == 1 else call.arguments
-        return {
-            "id": f"ctc_{suffix}",
-            "type": "custom_tool_call",
-            "call_id": call_id,
-            "name": call.name,
-            "input": text,
-        }
-    if call.name == LOCAL_SHELL and state.local_shell:
-        action = _shell_action(arguments_object(call.arguments))
-        if action is not None:
-            return {
-                "id": f"lsc_{suffix}",
-                "type": "local_shell_call",
-                "call_id": call_id,
-                "status": "completed",
-                "action": action,
-            }
-    return {
-        "id": f"fc_{suffix}",
-        "type": "function_call",
-        "call_id": call_id,
-        "name": call.name,
-        "arguments": call.arguments,
-        "status": "completed",
-    }
-
-
-def _shell_action(args: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A ``local_shell`` call's arguments as an exec action, or None when they do not fit."""
-    command = args.get("command")
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
-        return None
-    action: dict[str, Any] = {"type": "exec", "command": command, "env": {}}
-    if isinstance(args.get("workdir"), str):
-        action["working_directory"] = args["workdir"]
-    timeout = args.get("timeout_ms")
-    if isinstance(timeout, int) and not isinstance(timeout, bool):
-        action["timeout_ms"] = timeout
-    return action
-
-
-def _response_object(
-    completion: Completion,
-    request: NormalizedRequest,
-    output: list[dict[str, Any]],
-    *,
-    in_progress: bool = False,
-) -> dict[str, Any]:
-    echo = _state(request).echo
-    status, incomplete = "completed", None
-    if in_progress:
-        status = "in_progress"
-    elif completion.finish_reason == "length":
-        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-    elif completion.finish_reason == "content_filter":
-        status, incomplete = "incomplete", {"reason": "content_filter"}
-    return {
-        "id": "resp_" + _base_id(completion),
-        "object": "response",
-        "created_at": completion.created,
-        "status": status,
-        "completed_at": completion.created if status == "completed" else None,
-        "error": None,
-        "incomplete_details": incomplete,
-        "instructions": echo.get("instructions"),
-        "max_output_tokens": request.params.max_tokens,
-        "model": request.requested_model or request.model or completion.model,
-        "output": output,
-        "parallel_tool_calls": echo.get("parallel_tool_calls", True),
-        "previous_response_id": echo.get("previous_response_id"),
-        "reasoning": echo.get("reasoning", {"effort": None, "summary": None}),
-        "store": echo.get("store", True),
-        "temperature": request.params.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": echo.get("tool_choice", "auto"),
-        "tools": echo.get("tools", []),
-        "top_p": request.params.top_p,
-        "truncation": "disabled",
-        "usage": None if in_progress else _usage(completion),
-        "metadata": {},
-    }
-
-
-def _usage(completion: Completion) -> dict[str, Any]:
-    return {
-        "input_tokens": completion.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": completion.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-    }
-
-
-# --------------------------------------------------------------------------- stream
-
-
-class _Events:
-    """Named SSE frames with the increasing ``sequence_number`` every Responses event carries."""
-
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-        self._sequence = 0
-
-    def emit(self, kind: str, **fields: Any) -> None:
-        self.frames.append(sse({"type": kind, **fields, "sequence_number": self._sequence}, kind))
-        self._sequence += 1
-
-
-def _stream_item(events: _Events, index: int, item: dict[str, Any]) -> None:
-    """One output item's events: added, its content (whole, in one delta), done."""
-    kind = item["type"]
-    where = {"item_id": item["id"], "output_index": index}
-    if kind == "reasoning":
-        text = item["summary"][0]["text"]
-        events.emit("response.output_item.added", output_index=index, item={**item, "summary": []})
-        part = {"type": "summary_text", "text": text}
-        events.emit(
-            "response.reasoning_summary_part.added",
-            **where,
-            summary_index=0,
-            part={**part, "text": ""},
-        )
-        events.emit("response.reasoning_summary_text.delta", **where, summary_index=0, delta=text)
-        events.emit("response.reasoning_summary_text.done", **where, summary_index=0, text=text)
-        events.emit("response.reasoning_summary_part.done", **where, summary_index=0, part=part)
-    elif kind == "message":
-        text = item["content"][0]["text"]
-        logprobs = item["content"][0]["logprobs"]
-        added = {**item, "status": "in_progress", "content": []}
-        events.emit("response.output_item.added", output_index=index, item=added)
-        at = {**where, "content_index": 0}
-        events.emit("response.content_part.added", **at, part=_output_text(""))
-        if text:
-            events.emit("response.output_text.delta", **at, delta=text, logprobs=logprobs)
-        events.emit("response.output_text.done", **at, text=text, logprobs=logprobs)
-        events.emit("response.content_part.done", **at, part=_output_text(text, logprobs))
-    elif kind == "function_call":
-        added = {**item, "arguments": "", "status": "in_progress"}
-        events.emit("response.output_item.added", output_index=index, item=added)
-        events.emit("response.function_call_arguments.delta", **where, delta=item["arguments"])
-        events.emit("response.function_call_arguments.done", **where, arguments=item["arguments"])
-    elif kind == "custom_tool_call":
-        events.emit("response.output_item.added", output_index=index, item={**item, "input": ""})
-        events.emit("response.custom_tool_call_input.delta", **where, delta=item["input"])
-        events.emit("response.custom_tool_call_input.done", **where, input=item["input"])
-    else:
-        added = {**item, "status": "in_progress"}
-        events.emit("response.output_item.added", output_index=index, item=added)
-    events.emit("response.output_item.done", output_index=index, item=item)
 
 
 # --------------------------------------------------------------------------- errors
