@@ -255,3 +255,26 @@ def test_the_contract_checker_sees_a_violation(tmp_path: Path) -> None:
     ]
     assert _is_contract("FLAG_ABORTED") and _is_contract("cache_dir")
     assert not _is_contract("load_tokenizer")
+
+
+LONGEST = 600
+# Over LONGEST lines and not yet split or justified by their owners: remove one from here when
+# it is (the list only shrinks).
+_LONG_PENDING = {
+    "engines/embedded/core.py",
+    "engines/scripted.py",
+    "gateway/lifecycle.py",
+}
+
+
+def test_no_module_is_over_600_lines_unless_it_says_why_it_stays_whole() -> None:
+    """A long module either splits or says in its docstring that it reads better whole."""
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        rel = str(path.relative_to(SRC))
+        if text.count("\n") <= LONGEST or rel in _LONG_PENDING:
+            continue
+        if "reads better whole" not in (ast.get_docstring(ast.parse(text)) or ""):
+            long.append(f"{rel} ({text.count(chr(10))} lines)")
+    assert not long, f"split these or say why they read better whole: {long}"

@@ -27,6 +27,10 @@ reasoning, a text block when it has text, one ``tool_use`` block per call. A com
 of these still gets one empty text block, so the assistant turn exists in the client's history
 and the stream brackets a block as clients expect. A reply that a stop sequence ended reports
 ``stop_reason: stop_sequence`` with the matched string, as the API does.
+
+The module reads better whole (about 690 lines): every quirk above is one Messages API's, and
+its request blocks, reply blocks and stream events refer to each other; split, a reader would
+chase one API's rules over several files (the LiteLLM lesson, in reverse).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Gemini quirks kept here:
   start with ``{"error":`` for the SDK to raise it, and the keep-alive is a chunk whose
   candidate has no parts, not an SSE comment: google-genai parses every line that is not
   ``data:`` as JSON and raises UnknownApiResponseError on a comment.
+
+The module reads better whole (about 630 lines): the quirks above tie its request parsing,
+schema conversion and replies together, and none of them is shared with another API.
 """
 
 from __future__ import annotations
