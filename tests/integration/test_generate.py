@@ -36,9 +36,10 @@ from polar.generation.attempts import LEDGER, read_ledger
 from polar.generation.collect import Collector
 from polar.generation.options import GenerateOptions
 from polar.generation.run import GenerateRun, run_generate
+from polar.harnesses.bundled import AGENT
 from polar.harnesses.install import default_prefix, installed_names
-from polar.quickstart.plan import AGENT, EngineHandle
 from polar.schemas.task import SessionStatus
+from polar.stack.plan import EngineHandle
 
 pytestmark = pytest.mark.slow
 

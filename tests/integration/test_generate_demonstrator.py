@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from polar.cli.main import main
-from polar.generation.demonstrator import MODEL_NAME
+from polar.stack.demonstrator import MODEL_NAME
 
 pytestmark = pytest.mark.slow
 

@@ -35,12 +35,12 @@ import pytest
 from polar.capture.records import CaptureRecord
 from polar.cli import quickstart as quickstart_cli
 from polar.errors import ConfigError, HarnessError
+from polar.harnesses.bundled import AGENT_PATH
 from polar.harnesses.install import default_prefix, installed_names
-from polar.quickstart import plan
-from polar.quickstart.plan import AGENT_PATH
 from polar.quickstart.tasks import load_suite, task_request
 from polar.schemas.task import AgentSpec, RuntimeSpec, SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trace
+from polar.stack import plan
 
 FILES = (
     "results.jsonl",

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from images.local_image import build_task_image, task_image_unready
-from polar.quickstart.plan import AGENT_PATH, agent_plan
+from polar.harnesses.bundled import AGENT_PATH
 from polar.runtimes.checkouts import checkout
+from polar.stack.plan import agent_plan
 from polar.swe.bundled import bundle_repos, bundled_instances
 from polar.swe.tasks import SWETaskOptions, instance_task
 

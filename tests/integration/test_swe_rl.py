@@ -17,7 +17,7 @@ from polar.client import RolloutClient
 from polar.engines.embedded import load_model
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import ScriptedEngine
-from polar.quickstart.plan import AGENT_PATH
+from polar.harnesses.bundled import AGENT_PATH
 from polar.stack.local import LocalStack
 from polar.training.metrics import read_jsonl
 from polar.training.trainer import EmbeddedTrainer

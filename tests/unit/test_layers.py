@@ -1,5 +1,6 @@
 """The package tree is layered: schemas at the bottom, the two servers side by side, the
-one-process stack, training and quickstart above them, the CLI on top.
+one-process stack above them, quickstart, generation, training and ray side by side on the
+stack (never on each other or a server), the CLI on top.
 
 Every ``import polar.x`` in ``src/polar`` (lazy imports inside functions included) is checked,
 so a shortcut from one server into the other, or from a server up into the stack, fails here.
@@ -46,11 +47,16 @@ LAYERS: list[set[str]] = [
         "turn_rewards",
     },
     {"gateway", "rollout"},
-    {"stack", "training", "quickstart", "generation", "ray"},
+    {"stack"},
+    {"training", "quickstart", "generation", "ray"},
     {"cli"},
 ]
 # Same layer, yet they must not know each other: they talk only over HTTP, through schemas/.
 APART = [("gateway", "rollout")]
+# Above the servers, side by side on stack/ (the one home of a run on this machine): each stands
+# on the stack alone, never on another of them nor on a server directly.
+ON_THE_STACK = ("quickstart", "generation", "training", "ray")
+SERVERS = ("gateway", "rollout")
 
 
 def _layer(package: str) -> int:
@@ -116,6 +122,29 @@ def test_imports_only_its_own_layer_or_below(package: str) -> None:
 def test_servers_do_not_import_each_other(a: str, b: str) -> None:
     assert b not in GRAPH[a], f"polar.{a} imports polar.{b}: {GRAPH[a][b]}"
     assert a not in GRAPH[b], f"polar.{b} imports polar.{a}: {GRAPH[b][a]}"
+
+
+def _off_limits(package: str) -> set[str]:
+    """What a package on the stack must not import: its neighbours and the servers."""
+    return (set(ON_THE_STACK) - {package}) | set(SERVERS)
+
+
+@pytest.mark.parametrize("package", ON_THE_STACK)
+def test_the_top_floor_stands_on_the_stack_alone(package: str) -> None:
+    reached = {t: files for t, files in GRAPH[package].items() if t in _off_limits(package)}
+    assert not reached, f"polar.{package} reaches past the stack: {reached}"
+
+
+def test_the_stack_checker_sees_a_violation(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from polar.stack.run import LocalRun\n"
+        "def later():\n    from polar.generation.run import run_generate\n"
+        "from polar.gateway.config import GatewayConfig\n"
+    )
+    imported = _imported_packages(probe)
+    assert imported & _off_limits("training") == {"generation", "gateway"}
+    assert "stack" not in _off_limits("training") and "training" not in _off_limits("training")
 
 
 def test_no_cycles_between_packages() -> None:

@@ -14,8 +14,9 @@ from polar.extras import installed, require
 from polar.generation.options import GenerateOptions, default_out
 from polar.generation.run import run_generate
 from polar.generation.summary import print_summary
-from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
+from polar.harnesses.bundled import AGENT
 from polar.runtimes.registry import runtime_names
+from polar.stack.plan import DEFAULT_HARNESS
 
 _DEFAULT_ATTEMPTS = 1
 _DEFAULT_CONCURRENCY = 4

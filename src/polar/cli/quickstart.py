@@ -13,9 +13,10 @@ from rich.console import Console
 from polar.cli.arguments import positive_float, positive_int, quiet_model_loading
 from polar.errors import HarnessError, RuntimeStartError
 from polar.extras import installed, require
-from polar.quickstart.plan import AGENT, DEFAULT_HARNESS
+from polar.harnesses.bundled import AGENT
 from polar.quickstart.run import QuickstartOptions, run_quickstart
 from polar.quickstart.summary import summary_table
+from polar.stack.plan import DEFAULT_HARNESS
 
 _DEFAULTS = QuickstartOptions()
 TOOL_USE_OUTPUT = "polar-train-tool-use"

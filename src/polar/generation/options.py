@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar.quickstart.plan import DEFAULT_HARNESS
+from polar.stack.run import LocalRunOptions
 
 # Output tokens per call when the embedded engine (a small model on a CPU) serves the run.
 EMBEDDED_MAX_TOKENS = 512
 BUNDLED = "bundled"
 
 
-@dataclass(frozen=True)
-class GenerateOptions:
+@dataclass(frozen=True, kw_only=True)
+class GenerateOptions(LocalRunOptions):
     """A run's inputs. ``instances`` is an instance file or dataset (what
     :func:`polar.swe.instances.load_instances` reads); ``bundled`` takes the bundled set."""
 
@@ -29,22 +29,13 @@ class GenerateOptions:
     concurrency: int = 4
     retry_errors: bool = False
     keep_workspaces: bool = False
-    harness: str = DEFAULT_HARNESS
-    runtime: str | None = None
     compact_prompt: bool = False
     timeout_s: float = 1800.0
     max_turns: int = 50
     max_tokens: int | None = None
-    temperature: float = 0.7
-    model: str = "smollm2"
-    engine_url: str | None = None
-    engine_kind: str = "vllm"
-    served_model: str | None = None
-    tokenizer: str | None = None
-    threads: int | None = None
     demonstrator: bool = False
     """Serve the run with the scripted demonstrator (gold patches through the harness's shell
-    tool; :mod:`polar.generation.demonstrator`) instead of a model."""
+    tool; :mod:`polar.stack.demonstrator`) instead of a model."""
     task_options: dict[str, Any] = field(default_factory=dict)
     """More :class:`polar.swe.tasks.SWETaskOptions` fields (repos, image registry, test
     timeout, ...), passed through as given."""

@@ -36,7 +36,6 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from polar.client import RolloutClient
 from polar.errors import ConfigError
 from polar.generation.acceptance import AcceptanceReport, acceptance, write_acceptance
 from polar.generation.attempts import (
@@ -53,14 +52,8 @@ from polar.generation.progress import GenerateView
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import TaskRequest
 from polar.stack.demonstrator import demonstrator_engine
-from polar.stack.local import LocalStack
-from polar.stack.plan import (
-    EngineHandle,
-    HarnessPlan,
-    choose_harness,
-    choose_runtime,
-    open_engine,
-)
+from polar.stack.plan import EngineHandle
+from polar.stack.run import LocalRun, RunSetup, closing_engine, set_up
 from polar.swe.instances import SWEInstance, load_instances
 from polar.swe.tasks import SWETaskOptions, instance_task
 
@@ -184,14 +177,6 @@ def _load(options: GenerateOptions) -> list[SWEInstance]:
     return load_instances(options.instances, split=options.split)
 
 
-@dataclass
-class _Setup:
-    runtime: str
-    engine: EngineHandle
-    harness: HarnessPlan
-    owns_engine: bool
-
-
 def _generate(
     options: GenerateOptions,
     console: Console,
@@ -214,7 +199,7 @@ def _generate(
             f"[yellow]warning:[/] {ledger.out_dir} holds attempts by {', '.join(sorted(models))}; "
             f"its dataset will mix them with {setup.engine.served_model}'s"
         )
-    try:
+    with closing_engine(setup):
         plans, requests = _tasks(options, setup, ledger.out_dir, run, instances, todo)
         console.print(
             f"run {run}: harness {setup.harness.name} · runtime {setup.runtime} · engine "
@@ -226,9 +211,6 @@ def _generate(
         interrupted = _roll_out(options, setup, run_dir, collector, view, requests, console)
         if not console.is_terminal:
             console.print(view.render())
-    finally:
-        if setup.owns_engine:
-            setup.engine.close()
     facts = {
         "run": run,
         "started_at": started,
@@ -254,49 +236,26 @@ def _set_up(
     console: Console,
     engine: EngineHandle | None,
     instances: list[SWEInstance],
-) -> _Setup:
+) -> RunSetup:
     """Choose the runtime, open the engine (unless given), install the harness."""
-
-    def warn(text: str) -> None:
-        console.print(f"[yellow]warning:[/] {text}")
-
-    runtime = choose_runtime(options.runtime, warn)
     owns = engine is None
     if engine is None and options.demonstrator:
         engine = demonstrator_engine(instances, options.harness)
-    if engine is None:
-        with console.status("loading the model ..." if not options.engine_url else "engine ..."):
-            engine = open_engine(
-                model=options.model,
-                engine_url=options.engine_url,
-                engine_kind=options.engine_kind,
-                served_model=options.served_model,
-                tokenizer=options.tokenizer,
-                threads=options.threads,
-                batch=max(options.concurrency, 8),
-            )
-    try:
-        harness = choose_harness(
-            options.harness,
-            max_turns=options.max_turns,
-            model_name=engine.served_model or "polar",
-            stock_prompt=not options.compact_prompt,
-            echo=lambda line: console.print(f"  {line}", markup=False),
-        )
-    except BaseException:
-        if owns:
-            engine.close()
-        raise
-    for text in harness.warnings:
-        warn(text)
-    for text in harness.notes:
-        console.print(f"[dim]note: {text}[/]")
-    return _Setup(runtime, engine, harness, owns)
+    setup = set_up(
+        options,
+        console,
+        batch=max(options.concurrency, 8),
+        stock_prompt=not options.compact_prompt,
+        engine=engine,
+        owns_engine=owns,
+    )
+    setup.announce(console)
+    return setup
 
 
 def _tasks(
     options: GenerateOptions,
-    setup: _Setup,
+    setup: RunSetup,
     out: Path,
     run: int,
     instances: list[SWEInstance],
@@ -340,7 +299,7 @@ def _tasks(
 
 def _roll_out(
     options: GenerateOptions,
-    setup: _Setup,
+    setup: RunSetup,
     run_dir: Path,
     collector: Collector,
     view: GenerateView,
@@ -349,19 +308,14 @@ def _roll_out(
 ) -> bool:
     """Start the stack, submit, record attempts as they finish; stop everything. Returns
     whether the run was interrupted."""
-    engine = setup.engine
-    stack = LocalStack(
-        engine.engine,
+    embedded = setup.engine.config.kind == "embedded"
+    run = LocalRun(
+        setup,
         run_dir,
-        engine_config=engine.config,
-        served_model=engine.served_model,
-        context_window=engine.context_window,
-        policy_version=engine.policy_version,
+        console,
         sampling=SamplingPolicy(
-            temperature=options.temperature,
-            max_tokens=options.output_cap(embedded=engine.config.kind == "embedded"),
+            temperature=options.temperature, max_tokens=options.output_cap(embedded=embedded)
         ),
-        runtime=setup.runtime,
         run_workers=options.concurrency,
         # Each evaluation runs the instance's tests in a fresh runtime: one per run slot keeps
         # the graders from falling behind the agents.
@@ -370,31 +324,20 @@ def _roll_out(
         # other attempts run, off the run path; a session's budget pauses while it waits READY.
         ready_buffer=options.concurrency,
     )
-    interrupted = False
-    try:
-        stack.start()
-        with RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
-            collector.connect(client, stack.store)
-            if not console.is_terminal:
-                collector.on_record = lambda record: console.print(view.line(record), markup=False)
-            try:
-                for request in requests:
-                    client.submit(request)
-                deadline = _deadline_s(options, list(collector.plans.values()))
-                if not _watch(collector, view, console, deadline):
-                    console.print("[yellow]warning:[/] the run's deadline passed; stopping")
-            except KeyboardInterrupt:
-                interrupted = True
-                console.print("[yellow]interrupted:[/] keeping finished attempts, stopping ...")
-                with contextlib.suppress(Exception):
-                    collector.poll()
-            # Unfinished sessions are cancelled now; they are not recorded, so they run again.
-            if setup.owns_engine:
-                engine.close()
-            stack.stop_gateway()
-    finally:
-        stack.stop()
-    return interrupted
+    with run:
+        collector.connect(run.client, run.stack.store)
+        if not console.is_terminal:
+            collector.on_record = lambda record: console.print(view.line(record), markup=False)
+        deadline = _deadline_s(options, list(collector.plans.values()))
+        # Unfinished sessions are cancelled as the run winds down; they are not recorded, so
+        # they run again.
+        followed = run.follow(
+            requests,
+            lambda _: _watch(collector, view, console, deadline),
+            on_interrupt="keeping finished attempts, stopping ...",
+            after_interrupt=collector.poll,
+        )
+    return followed.interrupted
 
 
 def _watch(collector: Collector, view: GenerateView, console: Console, deadline_s: float) -> bool:

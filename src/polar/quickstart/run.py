@@ -21,7 +21,6 @@ from pathlib import Path
 import psutil
 from rich.console import Console
 
-from polar.client import RolloutClient
 from polar.logs import log_to_file
 from polar.quickstart.outputs import read_captures, write_outputs
 from polar.quickstart.progress import RunProgress
@@ -30,18 +29,9 @@ from polar.quickstart.summary import RunSummary, summarize
 from polar.quickstart.tasks import load_suite, task_request
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import SessionResult, TaskRequest
-from polar.stack.loading import quiet_while_loading
-from polar.stack.local import LocalStack
-from polar.stack.plan import (
-    DEFAULT_HARNESS,
-    LIGHT_HARNESSES,
-    EngineHandle,
-    HarnessPlan,
-    choose_harness,
-    choose_runtime,
-    open_engine,
-)
+from polar.stack.plan import LIGHT_HARNESSES
 from polar.stack.plan import runtime_spec as make_runtime_spec
+from polar.stack.run import LocalRun, LocalRunOptions, RunSetup, set_up, warn
 
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
@@ -53,27 +43,18 @@ DEFAULT_MAX_WORKERS = 16
 
 
 @dataclass(frozen=True)
-class QuickstartOptions:
+class QuickstartOptions(LocalRunOptions):
     """The run's size, harness, engine and output place; the defaults fit 5 minutes on 2 cores."""
 
     tasks: int = 3
     samples: int = 4
     max_turns: int = 6
     timeout_s: float = 180.0
-    max_tokens: int = 128
-    temperature: float = 0.7
-    harness: str = DEFAULT_HARNESS
-    runtime: str | None = None
-    model: str = "smollm2"
-    engine_url: str | None = None
-    engine_kind: str = "vllm"
-    served_model: str | None = None
-    tokenizer: str | None = None
+    max_tokens: int | None = 128
     suite: Path | None = None
     out: Path | None = None
     workers: int | None = None
     stock_prompt: bool = False
-    threads: int | None = None
     dashboard: bool = False
 
     def concurrency(self, sessions: int) -> int:
@@ -159,60 +140,26 @@ def run_quickstart(options: QuickstartOptions, console: Console) -> QuickstartRu
     return QuickstartRun(run_dir, summary, results, report, interrupted)
 
 
-@dataclass
-class _Setup:
-    runtime: str
-    workers: int
-    engine: EngineHandle
-    harness: HarnessPlan
-
-
-def _set_up(options: QuickstartOptions, sessions: int, console: Console) -> _Setup:
+def _set_up(options: QuickstartOptions, sessions: int, console: Console) -> RunSetup:
     """Choose the runtime, start loading the engine, make sure the harness is installed."""
-
-    def warn(text: str) -> None:
-        console.print(f"[yellow]warning:[/] {text}")
-
-    runtime = choose_runtime(options.runtime, warn)
-    workers = options.concurrency(sessions)
-    with console.status("engine ...") if options.engine_url else contextlib.nullcontext():
-        # The embedded model loads on a thread while the servers and harnesses start.
-        engine = open_engine(
-            model=options.model,
-            engine_url=options.engine_url,
-            engine_kind=options.engine_kind,
-            served_model=options.served_model,
-            tokenizer=options.tokenizer,
-            threads=options.threads,
-            batch=max(workers, 8),
-            background=True,
-        )
-    try:
-        harness = choose_harness(
-            options.harness,
-            max_turns=options.max_turns,
-            model_name=engine.served_model or "polar",
-            stock_prompt=options.stock_prompt,
-            echo=lambda line: console.print(f"  {line}", markup=False),
-        )
-    except BaseException:
-        engine.close()
-        raise
-    if not options.engine_url and harness.name not in LIGHT_HARNESSES:
+    # The embedded model loads on a thread while the servers and harnesses start.
+    batch = max(options.concurrency(sessions), 8)
+    setup = set_up(
+        options, console, batch=batch, stock_prompt=options.stock_prompt, background=True
+    )
+    if not options.engine_url and setup.harness.name not in LIGHT_HARNESSES:
         warn(
-            f"{harness.name}'s prompt is many thousand tokens: slow on a CPU, and over "
-            "SmolLM2's 8k context for some presets; --engine-url with a larger model fits better"
+            console,
+            f"{setup.harness.name}'s prompt is many thousand tokens: slow on a CPU, and over "
+            "SmolLM2's 8k context for some presets; --engine-url with a larger model fits better",
         )
-    for text in harness.warnings:
-        warn(text)
-    for text in harness.notes:
-        console.print(f"[dim]note: {text}[/]")
-    return _Setup(runtime, workers, engine, harness)
+    setup.announce(console)
+    return setup
 
 
 def _roll_out(
     options: QuickstartOptions,
-    setup: _Setup,
+    setup: RunSetup,
     requests: list[TaskRequest],
     run_dir: Path,
     console: Console,
@@ -222,55 +169,33 @@ def _roll_out(
     engine = setup.engine
     if options.dashboard:
         engine.ready()  # the dashboard shows token text with the model's tokenizer
-    stack = LocalStack(
-        engine.engine,
+    run = LocalRun(
+        setup,
         run_dir,
-        engine_config=engine.config,
-        served_model=engine.served_model,
-        context_window=engine.context_window,
-        policy_version=engine.policy_version,
+        console,
         sampling=SamplingPolicy(temperature=options.temperature, max_tokens=options.max_tokens),
-        runtime=setup.runtime,
-        run_workers=setup.workers,
+        run_workers=options.concurrency(len(requests) * options.samples),
         # Runtimes start on a free run slot (INIT inline): nothing is prepared ahead to tear
         # down on Ctrl-C, and a run slot is what a session waits for anyway.
         ready_buffer=0,
-        tokenizer=engine.tokenizer,
     )
-    interrupted = False
-    try:
-        with quiet_while_loading():
-            stack.start()
-        engine.expect_calls()
+    with run:
+        stack = run.stack
         console.print(f"rollout server {stack.rollout_url} · gateway node {stack.gateway_url}")
         if options.dashboard:
             console.print(
                 f"[bold]dashboard[/] {stack.dashboard_url} [dim](live while the run lasts)[/]",
                 soft_wrap=True,
             )
-        submitted: list[str] = []
-        with RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
-            try:
-                for request in requests:
-                    client.submit(request)
-                    submitted.append(request.task_id)
-                progress = RunProgress(client, stack.store, submitted, console)
-                last = progress.watch(_deadline_s(options, len(requests)), stop=engine.failed)
-                if engine.failed():
-                    console.print("[red]error:[/] the model failed to load; stopping")
-                elif not last.all_done:
-                    console.print("[yellow]warning:[/] the run's deadline passed; stopping")
-            except KeyboardInterrupt:
-                interrupted = True
-                console.print("[yellow]interrupted:[/] cancelling the running sessions ...")
-            # Engine calls still running (for sessions that timed out or were cancelled) end
-            # now; the gateway's shutdown then cancels unfinished sessions and reports them.
-            engine.close()
-            stack.stop_gateway()
-            results = [r for t in submitted for r in _sorted(client.result(t).results)]
-    finally:
-        stack.stop()
-    return results, interrupted
+
+        def watch(submitted: list[str]) -> bool:
+            progress = RunProgress(run.client, stack.store, submitted, console)
+            deadline = _deadline_s(options, len(requests))
+            return progress.watch(deadline, stop=engine.failed).all_done
+
+        followed = run.follow(requests, watch, on_interrupt="cancelling the running sessions ...")
+        results = [r for t in followed.submitted for r in _sorted(run.client.result(t).results)]
+    return results, followed.interrupted
 
 
 def _reap_strays(console: Console) -> None:

@@ -15,10 +15,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from polar import tokens
-from polar.gateway.config import GatewayConfig, NodeConfig
-from polar.gateway.listen import bind_gateway, bind_socket
-from polar.gateway.server import BackgroundServer
 from polar.ray.config import PolarRayConfig, RayGateways
+from polar.stack.servers import (
+    GatewayConfig,
+    NodeConfig,
+    bind_socket,
+    serve_gateway,
+    serve_rollout,
+)
 from polar.stack.topology import WorkerCounts
 
 
@@ -94,13 +98,7 @@ class GatewayActor:
                 heartbeat_s=section.heartbeat_s,
             ),
         )
-        from polar.gateway.app import create_app
-
-        config, sock = bind_gateway(config)
-        self.url = config.base_url()
-        self.server = BackgroundServer(
-            create_app(config), host=host, sock=sock, limits=config.limits
-        ).start()
+        self.url, self.server = serve_gateway(config)
 
     def where(self) -> dict[str, Any]:
         """Where this gateway runs (the tests and ``polar ray status`` read it)."""
@@ -120,7 +118,6 @@ class RolloutActor:
         import ray
 
         from polar.ray.provider import RayNodeProvider
-        from polar.rollout.app import create_rollout_app
 
         deployment = PolarRayConfig.model_validate_json(config_json)
         section = deployment.ray
@@ -153,8 +150,7 @@ class RolloutActor:
             ),
             state_dir=config.data_dir,
         )
-        app = create_rollout_app(config, provider=self.provider)
-        self.server = BackgroundServer(app, host=host, sock=sock, limits=config.limits).start()
+        self.server = serve_rollout(config, sock, provider=self.provider)
 
     def where(self) -> dict[str, Any]:
         return {

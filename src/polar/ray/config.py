@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from polar.config_loader import load_config, parse_config
 from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
-from polar.rollout.config import RolloutServerConfig
 from polar.runtimes.registry import unsandboxed_runtimes
 from polar.schemas.sampling import SamplingPolicy
+from polar.stack.servers import RolloutServerConfig
 from polar.stack.topology import TopologyDefaults, WorkerCounts
 
 ROLLOUT_ACTOR = "polar-rollout"

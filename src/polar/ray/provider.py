@@ -30,9 +30,9 @@ from typing import Any
 from polar.logs import log_event
 from polar.ray.actors import GatewayActor, GatewaySpec, gateway_node_id
 from polar.ray.config import GATEWAY_ACTOR_PREFIX, RaySection, refusal
-from polar.rollout.node_provider import NodeHost, node_providers
 from polar.runtimes.registry import unsandboxed_runtimes
 from polar.schemas.task import TaskRequest
+from polar.stack.servers import NodeHost, node_providers
 
 log = logging.getLogger("polar.ray")
 

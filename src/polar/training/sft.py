@@ -5,7 +5,7 @@ the trainer first shows it what a solved task looks like in the harness's own pr
 
 1. **Demonstrate.** Training tasks (never held-out ones) run through their own harness and
    runtime, exactly as rollouts do, but the engine is a *scripted demonstrator*
-   (:func:`polar.generation.demonstrator.solution_script`), not a model: it answers each call
+   (:func:`polar.stack.demonstrator.solution_script`), not a model: it answers each call
    of a task's session with a call of the harness's shell tool running the next of the task's
    ``solution`` commands, then with a one-line summary. It knows a session by its instruction,
    so tasks that ask the same thing with different answers run in separate waves. The CLI
@@ -33,8 +33,8 @@ from polar.client import RolloutClient
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import ScriptedBackend, ScriptedEngine
 from polar.errors import ConfigError
-from polar.generation.demonstrator import shell_tool, solution_script
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.stack.demonstrator import shell_tool, solution_script
 from polar.stack.local import LocalStack
 from polar.trajectory.exporters.sft import SFTExporter
 

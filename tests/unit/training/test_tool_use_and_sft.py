@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from polar.engines.embedded import load_model
-from polar.generation.demonstrator import solution_script
+from polar.stack.demonstrator import solution_script
 from polar.harnesses.base import ShellTool
 from polar.training import sft
 from polar.training.tasks import task_source

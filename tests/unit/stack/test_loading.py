@@ -14,8 +14,8 @@ from polar.engines.embedded.core import EmbeddedEngineCore
 from polar.engines.embedded.loader import load_model
 from polar.errors import ConfigError, EngineUnavailable
 from polar.providers.types import NormalizedRequest, SamplingParams
-from polar.quickstart import plan
-from polar.quickstart.loading import LoadingEngine, ModelLoad, ModelLoading, quiet_while_loading
+from polar.stack import plan
+from polar.stack.loading import LoadingEngine, ModelLoad, ModelLoading, quiet_while_loading
 
 
 @pytest.fixture

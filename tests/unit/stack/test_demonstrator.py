@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from polar.errors import ConfigError
-from polar.generation.demonstrator import (
+from polar.harnesses.agent import TOOL
+from polar.harnesses.bundled import AGENT, AGENT_SHELL_TOOL
+from polar.harnesses.registry import CLI_PRESETS
+from polar.runtimes.checkouts import checkout
+from polar.stack.demonstrator import (
     apply_command,
     demonstrator_script,
     marker,
     shell_tool,
 )
-from polar.harnesses.registry import CLI_PRESETS
-from polar.quickstart.agent import TOOL
-from polar.quickstart.plan import AGENT, AGENT_SHELL_TOOL
-from polar.runtimes.checkouts import checkout
 from polar.swe.bundled import bundle_repos, bundled_instances
 
 

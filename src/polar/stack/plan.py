@@ -1,4 +1,4 @@
-"""What a quickstart run is made of on this machine: runtime, harness and engine.
+"""What a local run (quickstart, generate) is made of on this machine: runtime, harness and engine.
 
 Each choice degrades gracefully and says so: bubblewrap falls back to a local process when it
 is missing or cannot sandbox here, Pi falls back to the bundled Python agent when npm is
@@ -8,7 +8,6 @@ missing, and the engine is the embedded one unless a vLLM/SGLang URL is given.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -23,18 +22,13 @@ from polar.engines.embedded.options import DEFAULT_MODEL, TINY_MODEL, served_mod
 from polar.engines.model_files import smollm2_gguf_path
 from polar.engines.registry import EngineConfig, create_engine
 from polar.errors import ConfigError, HarnessError
-from polar.harnesses.base import ShellTool
+from polar.harnesses.bundled import AGENT, AGENT_PATH, agent_spec
 from polar.harnesses.install import default_prefix, install, installed_names
 from polar.harnesses.pi import COMPACT_SETTINGS
 from polar.harnesses.registry import CLI_PRESETS
-from polar.quickstart.loading import LoadingEngine, ModelLoad
 from polar.schemas.task import AgentSpec, RuntimeSpec
+from polar.stack.loading import LoadingEngine, ModelLoad
 
-AGENT = "agent"
-"""The name ``--harness`` takes for the bundled minimal Python agent."""
-AGENT_PATH = Path(__file__).with_name("agent.py").absolute()
-AGENT_SHELL_TOOL = ShellTool("shell", "command")
-"""The bundled agent's one tool (``agent.TOOL``), as a model calls it."""
 DEFAULT_HARNESS = "pi"
 # On a CPU every prompt token costs, so the quickstart runs Pi compact (a one-line prompt and
 # the two tools the suite needs); ``stock_prompt`` keeps Pi as it ships.
@@ -148,9 +142,7 @@ def choose_harness(
 
 def agent_plan(max_turns: int, model_name: str) -> HarnessPlan:
     """The bundled agent, run by the ``shell`` preset from its (read-only bound) source file."""
-    command = f"python3 {shlex.quote(str(AGENT_PATH))} --max-turns {max_turns} {{instruction}}"
-    agent = AgentSpec(harness="shell", model_name=model_name, settings={"command": command})
-    return HarnessPlan(AGENT, agent, [str(AGENT_PATH)])
+    return HarnessPlan(AGENT, agent_spec(max_turns, model_name), [str(AGENT_PATH)])
 
 
 # -- engine ----------------------------------------------------------------------------------
@@ -205,7 +197,7 @@ def open_engine(
 ) -> EngineHandle:
     """The embedded engine serving ``model`` (decoding up to ``batch`` requests at once), or a
     client of the server at ``engine_url``. With ``background``, the embedded model loads on a
-    thread and this returns at once (see :mod:`polar.quickstart.loading`)."""
+    thread and this returns at once (see :mod:`polar.stack.loading`)."""
     if engine_url:
         return _remote_engine(engine_url, engine_kind, served_model, tokenizer)
     if background:

@@ -30,8 +30,9 @@ from polar.engines.scripted import (
 )
 from polar.errors import ConfigError
 from polar.harnesses.base import ShellTool
+from polar.harnesses.bundled import AGENT, AGENT_SHELL_TOOL
 from polar.harnesses.registry import CLI_PRESETS, create_harness
-from polar.quickstart.plan import AGENT, AGENT_SHELL_TOOL, EngineHandle
+from polar.stack.plan import EngineHandle
 from polar.swe.instances import SWEInstance
 
 MODEL_NAME = "scripted-demonstrator"
