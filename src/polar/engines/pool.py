@@ -30,11 +30,9 @@ from polar.engines.base import Engine
 from polar.engines.types import EngineResult, ModelInfo, PrefixCacheCounters, SampledTokens
 from polar.errors import EngineUnavailable
 from polar.providers.types import NormalizedRequest
+from polar.schemas.flags import FLAG_REPLICA_MOVED
 
 log = logging.getLogger(__name__)
-
-# On a call whose session had been served by another replica that is now down.
-FLAG_REPLICA_MOVED = "engine_replica_moved"
 
 T = TypeVar("T")
 # The replica (its name) that served a session's latest recorded call, if any.

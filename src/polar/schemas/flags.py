@@ -18,7 +18,7 @@ FLAG_ABORTED = "aborted"
 FLAG_PROMPT_ECHO_MISMATCH = "engine_prompt_differs_from_sent"
 # Routed experts do not cover exactly prompt + sampled - 1 positions.
 FLAG_ROUTED_EXPERTS_MISALIGNED = "routed_experts_misaligned"
-# A session's call went to another replica than its earlier calls (engine pool).
+# A call whose session had been served by another replica that is now down (engine pool).
 FLAG_REPLICA_MOVED = "engine_replica_moved"
 
 # The gateway's policy changed the request.
