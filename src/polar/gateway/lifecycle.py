@@ -608,7 +608,7 @@ class Lifecycle:
             node_id=session.node_id,
             error=session.outcome.error,
             failure=session.outcome.failure,
-            metadata={"sample_index": session.dispatch.sample_index},
+            sample_index=session.dispatch.sample_index,
         )
 
     async def _finish(self, session: NodeSession, result: SessionResult) -> None:

@@ -37,7 +37,13 @@ from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.registry import create_runtime
 from polar.runtimes.safe_files import make_dirs
 from polar.schemas.ids import path_segment
-from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import (
+    EvaluationSummary,
+    SessionFailure,
+    SessionResult,
+    SessionStatus,
+    TaskRequest,
+)
 from polar.schemas.trajectory import Trajectory, TrajectoryStatus
 from polar.trajectory.registry import create_builder
 from polar.turn_rewards.registry import create_turn_reward
@@ -196,7 +202,10 @@ class RolloutWork:
             node_id=session.node_id,
             error=error,
             failure=failure,
-            metadata=self._result_metadata(evaluation),
+            sample_index=self.session.dispatch.sample_index,
+            exit_code=self.exit_code,
+            session_dir=str(self.session_dir),
+            evaluation=_summary(evaluation),
         )
 
     def _can_evaluate(self, outcome: RunOutcome) -> bool:
@@ -300,17 +309,6 @@ class RolloutWork:
             "harness": self.task.agent.harness or self.task.agent.import_path,
         }
 
-    def _result_metadata(self, evaluation: EvaluationResult | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "sample_index": self.session.dispatch.sample_index,
-            "session_dir": str(self.session_dir),
-            "exit_code": self.exit_code,
-        }
-        if evaluation is not None:
-            meta["passed"] = evaluation.passed
-            meta["evaluation"] = evaluation.details
-        return meta
-
     def _gateway_url(self) -> str:
         return self.ctx.gateway.base_url()
 
@@ -319,6 +317,12 @@ async def register_session(ctx: NodeContext, session_id: str, metadata: dict[str
     """Make the session's key valid on this gateway (durably, before the dispatch is acked)."""
     await ctx.store.add_session(session_id, metadata)
     ctx.sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
+
+
+def _summary(evaluation: EvaluationResult | None) -> EvaluationSummary | None:
+    if evaluation is None:
+        return None
+    return EvaluationSummary(verdict=evaluation.passed, details=evaluation.details)
 
 
 def _trajectory_status(status: SessionStatus) -> TrajectoryStatus:

@@ -86,15 +86,14 @@ def attempt_record(
     spend: Spend,
 ) -> AttemptRecord:
     """The ledger line for a finished session."""
-    evaluation = result.metadata.get("evaluation") or {}
-    resolved = evaluation.get("resolved") if isinstance(evaluation, dict) else None
+    resolved = result.evaluation.details.get("resolved") if result.evaluation else None
     return AttemptRecord(
         instance_id=instance_id,
         attempt=attempt,
         repo=repo,
         status=result.status,
         accepted=accepted(result),
-        passed=result.metadata.get("passed") is True,
+        passed=result.passed,
         resolved=resolved if isinstance(resolved, bool) else None,
         reward=result.reward,
         prompt_tokens=spend.prompt_tokens,
@@ -118,7 +117,7 @@ def accepted(result: SessionResult) -> bool:
         and result.trajectory is not None
         and result.trajectory.status == TrajectoryStatus.COMPLETED
         and bool(result.trajectory.traces)
-        and result.metadata.get("passed") is True
+        and result.passed
     )
 
 

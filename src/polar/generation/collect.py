@@ -79,8 +79,8 @@ class Collector:
                     self._record(plan, result)
 
     def _record(self, plan: TaskPlan, result: SessionResult) -> None:
-        sample = int(result.metadata.get("sample_index", -1))
-        if sample in plan.recorded or not 0 <= sample < len(plan.attempts):
+        sample = result.sample_index
+        if sample is None or sample in plan.recorded or sample >= len(plan.attempts):
             return
         attempt = plan.attempts[sample]
         stored = self.ledger.store_result(plan.instance_id, attempt, result)
@@ -130,8 +130,8 @@ class Collector:
 def prune_workspaces(result: SessionResult) -> None:
     """Delete a finished session's repository copies (its workspace and its evaluation's): a
     generation run makes one per attempt, and the patch is already in the result. Logs stay."""
-    session_dir = result.metadata.get("session_dir")
-    if not isinstance(session_dir, str) or not session_dir:
+    session_dir = result.session_dir
+    if not session_dir:
         return
     base = Path(session_dir)
     for directory in (base, *base.parent.glob(f"{base.name}-eval*")):

@@ -48,7 +48,7 @@ def attempt_rows(record: AttemptRecord, result: SessionResult) -> list[dict[str,
         return []
     exporter = SFTExporter()
     session = session_context(result.trajectory)
-    evaluation = result.metadata.get("evaluation") or {}
+    evaluation = result.evaluation.details if result.evaluation else {}
     rows = []
     for index, trace in enumerate(result.trajectory.traces):
         row = exporter.row(trace, session)

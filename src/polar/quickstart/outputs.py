@@ -69,7 +69,7 @@ def write_outputs(
 
 def session_log(result: SessionResult, records: list[CaptureRecord]) -> str:
     """A readable account of one session: outcome, timing, then each call's new messages."""
-    sample = result.metadata.get("sample_index", "?")
+    sample = "?" if result.sample_index is None else result.sample_index
     lines = [
         f"session {result.session_id}  task {result.task_id}  sample {sample}",
         f"status {result.status.value}  reward {result.reward}  node {result.node_id}",
@@ -77,11 +77,9 @@ def session_log(result: SessionResult, records: list[CaptureRecord]) -> str:
     ]
     if result.error:
         lines.append(f"error  {result.error}")
-    evaluation = result.metadata.get("evaluation") or {}
+    evaluation = result.evaluation.details if result.evaluation else {}
     if evaluation:
-        lines.append(
-            f"check  exit {evaluation.get('exit_code')}  passed {result.metadata.get('passed')}"
-        )
+        lines.append(f"check  exit {evaluation.get('exit_code')}  passed {result.passed}")
         if evaluation.get("output_tail"):
             lines.append(_indent(str(evaluation["output_tail"])))
     seen = 0

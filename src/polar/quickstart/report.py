@@ -47,7 +47,7 @@ def write_report(
         results,
         key=lambda r: (
             task_order.get(r.task_id, len(task_order)),
-            r.metadata.get("sample_index", 0),
+            r.sample_index or 0,
         ),
     )
     showcase = _showcase(ordered)
@@ -140,7 +140,7 @@ def _timing_rows(results: list[SessionResult]) -> list[TimingRow]:
         rows.append(
             TimingRow(
                 task_id=r.task_id,
-                sample=r.metadata.get("sample_index", "?"),
+                sample="?" if r.sample_index is None else r.sample_index,
                 total=r.timing.get("total", 0),
                 parts=parts,
             )

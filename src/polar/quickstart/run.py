@@ -229,4 +229,4 @@ def _deadline_s(options: QuickstartOptions, tasks: int) -> float:
 
 
 def _sorted(results: list[SessionResult]) -> list[SessionResult]:
-    return sorted(results, key=lambda r: int(r.metadata.get("sample_index", 0)))
+    return sorted(results, key=lambda r: r.sample_index or 0)

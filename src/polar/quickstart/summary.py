@@ -128,7 +128,7 @@ def _counts(results: list[SessionResult], calls: Mapping[str, int]) -> Counts:
             sum((Counter(tr.metadata.get("breaks", {})) for tr in trajectories), Counter())
         ),
         rewards=[r.reward for r in results if r.reward is not None],
-        passed=sum(1 for r in results if r.metadata.get("passed") is True),
+        passed=sum(1 for r in results if r.passed),
     )
 
 

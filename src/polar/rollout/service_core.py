@@ -76,5 +76,5 @@ def failed_result(row: SessionRow, node_id: str | None, error: str, reason: str)
         node_id=node_id,
         error=error,
         failure=SessionFailure(kind="infra", reason=reason),
-        metadata={"sample_index": row.sample_index},
+        sample_index=row.sample_index,
     )

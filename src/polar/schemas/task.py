@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar.schemas.ids import NodeId, SessionId, TaskId
 from polar.schemas.trajectory import Trajectory
@@ -202,10 +202,59 @@ class SessionFailure(BaseModel):
     )
 
 
-class SessionResult(BaseModel):
-    """What a gateway node reports for one session (the callback payload)."""
+class EvaluationSummary(BaseModel):
+    """What the session's evaluator said: its verdict and its own details (``swe_tests``'s
+    ``resolved``, a test command's output, ...)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    verdict: bool | None = Field(
+        None, description="The evaluator's pass/fail; None when it gave only a score."
+    )
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+# Session facts older nodes and result files carry in ``metadata``; read into typed fields.
+_LEGACY_FACTS = ("sample_index", "exit_code", "session_dir", "passed", "evaluation")
+
+
+def _lift_legacy_facts(data: dict[str, Any]) -> dict[str, Any]:
+    metadata = data.get("metadata")
+    if not isinstance(metadata, dict) or not any(k in metadata for k in _LEGACY_FACTS):
+        return data
+    user = {k: v for k, v in metadata.items() if k not in _LEGACY_FACTS}
+    lifted: dict[str, Any] = {**data, "metadata": user}
+    for key in ("sample_index", "exit_code", "session_dir"):
+        if key in metadata:
+            lifted.setdefault(key, metadata[key])
+    if "passed" in metadata or "evaluation" in metadata:
+        details = metadata.get("evaluation")
+        lifted.setdefault(
+            "evaluation",
+            {
+                "verdict": metadata.get("passed"),
+                "details": details if isinstance(details, dict) else {},
+            },
+        )
+    return lifted
+
+
+class SessionResult(BaseModel):
+    """What a gateway node reports for one session (the callback payload).
+
+    The session's facts are typed fields; ``metadata`` holds only the user's own keys.
+    ``passed`` is the one verdict every reader uses (the trainer, SFT, ``polar generate``, the
+    quickstart): see :meth:`passed`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    sample_index: int | None = Field(None, ge=0, description="Which of the task's samples.")
+    exit_code: int | None = Field(None, description="The harness's exit code.")
+    session_dir: str | None = Field(None, description="The session's directory on its node.")
+    evaluation: EvaluationSummary | None = Field(
+        None, description="The evaluator's summary; None when the session was not evaluated."
+    )
 
     session_id: SessionId
     task_id: TaskId
@@ -219,6 +268,21 @@ class SessionResult(BaseModel):
         None, description="Set when status is ERROR or TIMEOUT: the failure's kind and reason."
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_metadata(cls, data: Any) -> Any:
+        return _lift_legacy_facts(data) if isinstance(data, dict) else data
+
+    @property
+    def passed(self) -> bool:
+        """The one rule: the session COMPLETED and its evaluator's verdict is pass; with no
+        verdict (an evaluator that only scores), a positive reward. A failed or timed-out
+        session never passed, whatever its evaluator said of the workspace it left."""
+        if self.status != SessionStatus.COMPLETED:
+            return False
+        verdict = self.evaluation.verdict if self.evaluation is not None else None
+        return verdict if verdict is not None else (self.reward or 0) > 0
 
 
 class TaskResult(BaseModel):

@@ -103,7 +103,6 @@ def samples_from_results(results: Iterable[SessionResult]) -> list[SessionSample
             rewards = [t.reward for t in traces if t.reward is not None]
             if traces and len(rewards) == len(traces):
                 reward = sum(rewards) / len(rewards)
-        passed = result.metadata.get("passed")
         samples.append(
             SessionSample(
                 session_id=result.session_id,
@@ -111,7 +110,7 @@ def samples_from_results(results: Iterable[SessionResult]) -> list[SessionSample
                 status=_status(result.status),
                 reward=reward,
                 traces=traces,
-                passed=passed if isinstance(passed, bool) else None,
+                passed=result.passed,
                 failure_kind=result.failure.kind if result.failure else None,
             )
         )

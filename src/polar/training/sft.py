@@ -33,7 +33,7 @@ from polar.client import RolloutClient
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import ScriptedBackend, ScriptedEngine
 from polar.errors import ConfigError
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import SessionResult, TaskRequest
 from polar.stack.demonstrator import shell_tool, solution_script
 from polar.stack.local import LocalStack
 from polar.trajectory.exporters.sft import SFTExporter
@@ -83,7 +83,7 @@ def demonstrate(
             solutions = {t.instruction: list(t.metadata["solution"]) for t in wave}
             backend.script = solution_script(solutions, tool)
             results += [r for t in client.run(wave, timeout_s) for r in t.results]
-    accepted = [r.trajectory for r in results if passed(r) and r.trajectory is not None]
+    accepted = [r.trajectory for r in results if r.passed and r.trajectory is not None]
     return list(SFTExporter().rows(accepted)), results
 
 
@@ -110,13 +110,6 @@ def waves(tasks: Sequence[TaskRequest]) -> list[list[TaskRequest]]:
         else:
             wave.append(task)
     return out
-
-
-def passed(result: SessionResult) -> bool:
-    """Whether a session completed and its task's check passed."""
-    return result.status == SessionStatus.COMPLETED and bool(
-        result.metadata.get("passed", (result.reward or 0) > 0)
-    )
 
 
 def sft_loss(module: Any, rows: Sequence[dict[str, Any]], pad_id: int) -> tuple[torch.Tensor, int]:

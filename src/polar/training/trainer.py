@@ -41,7 +41,7 @@ from polar.client import RolloutClient
 from polar.engines.embedded import EmbeddedEngineCore, LoadedModel, load_model
 from polar.errors import ConfigError
 from polar.schemas.sampling import SamplingPolicy
-from polar.schemas.task import SessionResult, SessionStatus, TaskRequest
+from polar.schemas.task import SessionResult, TaskRequest
 from polar.stack.local import LocalStack
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results
 from polar.training.batch import make_batch, response_logprobs
@@ -493,12 +493,7 @@ def _has_dropout(module: Any) -> bool:
 def _outcomes(results: Sequence[SessionResult]) -> dict[str, Any]:
     """Reward and pass statistics over sessions (failed ones count as not passed)."""
     rewards = [r.reward for r in results if r.reward is not None]
-    passed = [
-        bool(r.metadata.get("passed", (r.reward or 0) > 0))
-        if r.status == SessionStatus.COMPLETED
-        else False
-        for r in results
-    ]
+    passed = [r.passed for r in results]
     statuses = Counter(r.status.value for r in results)
     return {
         "sessions": len(results),

@@ -135,7 +135,7 @@ def session_view(r: SessionResult, decoder: TokenText) -> SessionView:
         anchor=anchor(r),
         session_id=r.session_id,
         task_id=r.task_id,
-        sample=r.metadata.get("sample_index", "?"),
+        sample="?" if r.sample_index is None else r.sample_index,
         status=r.status.value,
         reward=r.reward,
         calls=meta.get("num_calls", 0),

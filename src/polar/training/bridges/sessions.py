@@ -69,7 +69,7 @@ def session_rows(
     """``expected`` rows for a task, in sample order; the rollout server reports every session,
     so fewer results is an error, not something to pad over. A failed row has reward None
     (its trainer leaves it out of the group's statistics) unless ``penalize`` applies to it."""
-    ordered = sorted(task.results, key=lambda r: int(r.metadata.get("sample_index", 0)))
+    ordered = sorted(task.results, key=lambda r: r.sample_index or 0)
     if len(ordered) != expected:
         raise ValueError(
             f"task {task.task_id!r} returned {len(ordered)} sessions, expected {expected}"

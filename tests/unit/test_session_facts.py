@@ -1,0 +1,100 @@
+"""A session's facts are typed fields of SessionResult, with one ``passed`` every reader uses;
+``metadata`` keeps only the user's own keys, and results written before still read the same."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import polar
+from polar.schemas.task import EvaluationSummary, SessionResult, SessionStatus
+
+SRC = Path(polar.__file__).parent
+
+
+def _result(status: SessionStatus, verdict: bool | None, reward: float | None) -> SessionResult:
+    evaluation = None if verdict is None and reward is None else EvaluationSummary(verdict=verdict)
+    return SessionResult(
+        session_id="s1", task_id="t1", status=status, reward=reward, evaluation=evaluation
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict", "reward", "passed"),
+    [
+        (SessionStatus.COMPLETED, True, 1.0, True),
+        (SessionStatus.COMPLETED, False, 1.0, False),  # the verdict wins over the score
+        (SessionStatus.COMPLETED, None, 0.5, True),  # a score-only evaluator: reward > 0
+        (SessionStatus.COMPLETED, None, 0.0, False),
+        (SessionStatus.COMPLETED, None, None, False),  # never evaluated
+        (SessionStatus.TIMEOUT, True, 1.0, False),  # a timed-out session never passed
+        (SessionStatus.ERROR, True, 1.0, False),
+    ],
+)
+def test_one_rule_decides_passed(
+    status: SessionStatus, verdict: bool | None, reward: float | None, passed: bool
+) -> None:
+    assert _result(status, verdict, reward).passed is passed
+
+
+def test_facts_written_into_metadata_before_are_read_into_fields() -> None:
+    old = {
+        "session_id": "s1",
+        "task_id": "t1",
+        "status": "COMPLETED",
+        "reward": 1.0,
+        "metadata": {
+            "sample_index": 3,
+            "session_dir": "/tmp/s1",
+            "exit_code": 0,
+            "passed": True,
+            "evaluation": {"resolved": True},
+            "mine": "kept",
+        },
+    }
+    result = SessionResult.model_validate(old)
+    assert (result.sample_index, result.session_dir, result.exit_code) == (3, "/tmp/s1", 0)
+    assert result.evaluation == EvaluationSummary(verdict=True, details={"resolved": True})
+    assert result.metadata == {"mine": "kept"} and result.passed
+    again = SessionResult.model_validate_json(result.model_dump_json())
+    assert again == result and "passed" not in json.loads(result.model_dump_json())["metadata"]
+
+
+_FACTS = {"sample_index", "session_dir", "exit_code", "passed", "evaluation"}
+# The readers of finished sessions: they read SessionResult's fields, never its metadata bag.
+_READERS = ("training", "generation", "quickstart", "trajectory", "rollout")
+
+
+def _string_keyed_reads(path: Path, keys: set[str], root: Path = SRC) -> list[str]:
+    """``<x>.metadata.get("key")`` and ``<x>.metadata["key"]`` for a key in ``keys``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        target, key = None, None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "get" and node.args:
+                target, key = node.func.value, node.args[0]
+        elif isinstance(node, ast.Subscript):
+            target, key = node.value, node.slice
+        named_metadata = isinstance(target, ast.Attribute) and target.attr == "metadata"
+        if named_metadata and isinstance(key, ast.Constant) and key.value in keys:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: metadata[{key.value!r}]")
+    return found
+
+
+def test_no_reader_takes_a_session_fact_from_metadata() -> None:
+    paths = [p for package in _READERS for p in sorted((SRC / package).rglob("*.py"))]
+    found = [hit for path in paths for hit in _string_keyed_reads(path, _FACTS)]
+    assert not found, found
+
+
+def test_the_fact_checker_sees_a_read(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "a = r.metadata.get('passed', False)\nb = r.metadata['sample_index']\n"
+        "c = r.metadata.get('mine')\n"
+    )
+    found = [h.split(": ")[1] for h in _string_keyed_reads(probe, _FACTS, tmp_path)]
+    assert found == ["metadata['passed']", "metadata['sample_index']"]
