@@ -86,6 +86,7 @@ class AgentSpec(BaseModel):
     max_model_calls: int | None = Field(
         None,
         ge=1,
+        le=1_000_000,  # stored as a SQLite integer: an unbounded one overflowed it (a 500)
         description="A turn limit the gateway enforces for any harness: call N+1 is refused "
         "with an error in the harness's provider format and the session ends as TIMEOUT, its "
         "partial trace kept and evaluated.",
