@@ -10,6 +10,7 @@ SIGHUP, SIGTERM, a SIGINT from a script's background and a ``--wait-nodes`` dead
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from integration.rollout_support.cluster import CallbackReceiver, free_port, shell_task
+from integration.test_inherited_descriptors import PROBE
 from polar.capture.store import CaptureStore
 from polar.ray import down as polar_down
 from polar.schemas.task import SessionResult, SessionStatus
@@ -240,6 +242,27 @@ def test_end_to_end_exact_tokens_on_each_node(env: Env) -> None:
         sampled = [t for rec in records for t in rec.sampled_ids]
         trainable = [t for t, m in zip(trace.response_ids, trace.loss_mask, strict=True) if m]
         assert trainable == sampled  # exactly the engine's tokens, on the node that ran it
+
+
+def test_a_harness_on_a_ray_node_sees_only_its_stdio(env: Env) -> None:
+    """Issue 28 on Ray: a Ray worker holds ~20 log files and sockets (the gateway actor's own
+    process, checked below); a harness in bubblewrap under that gateway lists /proc/self/fd and
+    must find 0, 1 and 2 alone (before the fix: Ray's log descriptors, written to from inside)."""
+    probe = {"kind": "bubblewrap", "files": {"probe.py": PROBE}}
+    listing = {"strategy": "test_on_output", "config": {"command": "test -f fds.json"}}
+    task = shell_task("fds", env.receiver, num_samples=4, runtime=probe, evaluator=listing)
+    task["agent"]["settings"]["command"] = "python3 probe.py"
+    env.submit(task)
+    results = env.wait_task("fds", 90)
+    gateways = env.gateways()
+    assert len(results) == 4
+    for r in results:
+        assert r.status == SessionStatus.COMPLETED, r.error
+        assert r.node_id in gateways and r.session_dir is not None
+        held = os.listdir(f"/proc/{gateways[r.node_id]['pid']}/fd")
+        assert len(held) > 3, held  # the Ray worker has descriptors a harness could inherit
+        seen = json.loads((Path(r.session_dir) / "workspace" / "fds.json").read_text())
+        assert seen == [0, 1, 2], f"{r.node_id}: harness holds {seen}"
 
 
 def hang_on_first_gateway(env: Env, task_id: str) -> tuple[str, dict[str, Any], set[str]]:
