@@ -107,8 +107,8 @@ def run_tasks(
 
 def evaluation(result: SessionResult) -> dict[str, Any]:
     assert result.status == "COMPLETED", (result.status, result.error)
-    details: dict[str, Any] = result.metadata["evaluation"]
-    return details
+    assert result.evaluation is not None
+    return result.evaluation.details
 
 
 def tool_output_seen(result: SessionResult, tokenizer: Any, text: str) -> bool:

@@ -141,7 +141,8 @@ def assert_run_dir(run_dir: Path, *, sessions: int, tasks: int) -> None:
         assert trainable_lps == engine_lps
         # The checker saw the agent's last reply, as captured.
         last = by_session[result.session_id][-1].response.get("content") or ""
-        assert result.metadata["evaluation"]["final_answer"] == last[-500:]
+        assert result.evaluation is not None
+        assert result.evaluation.details["final_answer"] == last[-500:]
 
     # The summary's numbers are the files' numbers.
     summary = json.loads((run_dir / "summary.json").read_text())

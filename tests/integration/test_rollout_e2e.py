@@ -43,7 +43,7 @@ def test_four_samples_end_to_end(cluster: Cluster) -> None:
     assert len({r.session_id for r in results}) == 4
     for r in results:
         assert r.status == SessionStatus.COMPLETED, r.error
-        assert r.reward == 1.0 and r.metadata["passed"] is True  # hello.txt really exists
+        assert r.reward == 1.0 and r.passed  # hello.txt really exists
         assert {"queued", "init", "ready_wait", "run", "postrun", "total"} <= set(r.timing)
         trajectory = r.trajectory
         assert trajectory is not None and trajectory.status == "COMPLETED"

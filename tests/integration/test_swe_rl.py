@@ -72,7 +72,8 @@ def test_polar_swe_tasks_then_polar_submit_grades_a_bundled_task(
         with RolloutClient(url, token=token) as client:
             (result,) = client.result(task_id).results
     assert result.reward == 1.0
-    assert result.metadata["evaluation"]["resolution"] == "RESOLVED_FULL"
+    assert result.evaluation is not None
+    assert result.evaluation.details["resolution"] == "RESOLVED_FULL"
 
 
 def test_polar_train_draws_grpo_groups_from_the_swe_task_source(tmp_path: Path) -> None:

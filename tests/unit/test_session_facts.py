@@ -11,6 +11,13 @@ import pytest
 
 import polar
 from polar.schemas.task import EvaluationSummary, SessionResult, SessionStatus
+from polar.schemas.trajectory import (
+    Trace,
+    TraceStats,
+    Trajectory,
+    TrajectoryStats,
+    TrajectoryStatus,
+)
 
 SRC = Path(polar.__file__).parent
 
@@ -64,8 +71,10 @@ def test_facts_written_into_metadata_before_are_read_into_fields() -> None:
 
 
 _FACTS = {"sample_index", "session_dir", "exit_code", "passed", "evaluation"}
-# The readers of finished sessions: they read SessionResult's fields, never its metadata bag.
-_READERS = ("training", "generation", "quickstart", "trajectory", "rollout")
+_FACTS |= set(TraceStats.model_fields) | set(TrajectoryStats.model_fields)
+# The readers of finished sessions (trainers, exporters, commands, the dashboard): they read
+# SessionResult's fields and the traces' typed stats, never a metadata bag by string key.
+_READERS = ("training", "generation", "quickstart", "trajectory", "rollout", "turn_rewards")
 
 
 def _string_keyed_reads(path: Path, keys: set[str], root: Path = SRC) -> list[str]:
@@ -76,7 +85,7 @@ def _string_keyed_reads(path: Path, keys: set[str], root: Path = SRC) -> list[st
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr == "get" and node.args:
                 target, key = node.func.value, node.args[0]
-        elif isinstance(node, ast.Subscript):
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             target, key = node.value, node.slice
         named_metadata = isinstance(target, ast.Attribute) and target.attr == "metadata"
         if named_metadata and isinstance(key, ast.Constant) and key.value in keys:
@@ -98,3 +107,17 @@ def test_the_fact_checker_sees_a_read(tmp_path: Path) -> None:
     )
     found = [h.split(": ")[1] for h in _string_keyed_reads(probe, _FACTS, tmp_path)]
     assert found == ["metadata['passed']", "metadata['sample_index']"]
+
+
+def test_stats_read_what_builders_wrote_with_one_set_of_defaults() -> None:
+    trace = Trace(
+        prompt_ids=[1],
+        response_ids=[2, 3],
+        loss_mask=[1, 1],
+        metadata={"num_calls": 2, "call_spans": [[0, 1], [1, 2]], "mine": 1},
+    )
+    assert trace.stats.num_calls == 2 and trace.stats.call_spans == [(0, 1), (1, 2)]
+    assert trace.stats.trainable and not trace.stats.aborted
+    bare = Trajectory(status=TrajectoryStatus.COMPLETED, traces=[trace])
+    assert bare.stats.num_calls == 0 and bare.stats.breaks == {}
+    assert Trace(prompt_ids=[], response_ids=[], loss_mask=[]).stats.num_calls == 1

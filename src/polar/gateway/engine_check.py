@@ -413,7 +413,7 @@ async def score_session(
     for trace in trajectory.traces:
         context: list[int] = list(trace.prompt_ids)
         position = 0
-        for index, completion_id in enumerate(trace.metadata["completion_ids"]):
+        for index, completion_id in enumerate(trace.stats.completion_ids):
             record = by_id[completion_id]
             new = max(len(record.prompt_ids) - len(context), 0)
             claimed = context + trace.response_ids[position : position + new]

@@ -154,7 +154,7 @@ def _showcase(results: list[SessionResult]) -> SessionResult | None:
     return max(
         with_traces,
         key=lambda r: (
-            int(r.trajectory.metadata.get("num_calls", 0)) if r.trajectory else 0,
+            r.trajectory.stats.num_calls if r.trajectory else 0,
             r.reward or 0.0,
         ),
         default=None,

@@ -108,6 +108,7 @@ def _counts(results: list[SessionResult], calls: Mapping[str, int]) -> Counts:
 
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
     traces = [t for tr in trajectories for t in tr.traces]
+    stats = [tr.stats for tr in trajectories]
     return Counts(
         sessions=len(results),
         completed=status(SessionStatus.COMPLETED),
@@ -115,18 +116,14 @@ def _counts(results: list[SessionResult], calls: Mapping[str, int]) -> Counts:
         error=status(SessionStatus.ERROR),
         calls=sum(calls.get(r.session_id, 0) for r in results),
         traces=len(traces),
-        calls_in_traces=sum(int(tr.metadata.get("calls_in_traces", 0)) for tr in trajectories),
-        drift_turns=sum(int(tr.metadata.get("drift_turns", 0)) for tr in trajectories),
-        drift_tokens=sum(int(tr.metadata.get("drift_tokens", 0)) for tr in trajectories),
-        breaks=sum(sum(tr.metadata.get("breaks", {}).values()) for tr in trajectories),
+        calls_in_traces=sum(s.calls_in_traces for s in stats),
+        drift_turns=sum(s.drift_turns for s in stats),
+        drift_tokens=sum(s.drift_tokens for s in stats),
+        breaks=sum(sum(s.breaks.values()) for s in stats),
         trainable_tokens=sum(sum(t.loss_mask) for t in traces),
-        merged_calls=sum(int(tr.metadata.get("merged_calls", 0)) for tr in trajectories),
-        context_exact_calls=sum(
-            int(tr.metadata.get("context_exact_calls", 0)) for tr in trajectories
-        ),
-        splits=dict(
-            sum((Counter(tr.metadata.get("breaks", {})) for tr in trajectories), Counter())
-        ),
+        merged_calls=sum(s.merged_calls for s in stats),
+        context_exact_calls=sum(s.context_exact_calls for s in stats),
+        splits=dict(sum((Counter(s.breaks) for s in stats), Counter())),
         rewards=[r.reward for r in results if r.reward is not None],
         passed=sum(1 for r in results if r.passed),
     )

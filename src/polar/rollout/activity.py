@@ -58,7 +58,7 @@ class Activity:
     def record(self, result: SessionResult) -> None:
         trajectory = result.trajectory
         traces = trajectory.traces if trajectory else []
-        calls = trajectory.metadata.get("num_calls", len(traces)) if trajectory else 0
+        calls = trajectory.stats.num_calls if trajectory else 0
         self._finishes.append(
             Finish(
                 at=self.clock(),

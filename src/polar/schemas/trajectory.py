@@ -74,6 +74,54 @@ class TurnReward(ResponseSpan):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+class TraceStats(BaseModel):
+    """What a builder records about one trace, read as types: the calls it holds and how they
+    were merged. Builders write these keys into ``Trace.metadata`` (so exported rows keep their
+    JSON); every reader takes them from ``Trace.stats``, with these defaults and no others."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    completion_ids: list[str] = Field(default_factory=list)
+    call_spans: list[tuple[int, int]] = Field(
+        default_factory=list, description="Each call's sampled ids [start, end) in the response."
+    )
+    call_versions: list[int | None] = Field(
+        default_factory=list, description="Each call's policy version (None: not recorded)."
+    )
+    policy_versions: list[int] = Field(default_factory=list)
+    num_calls: int = 1
+    merged_calls: int = 0
+    context_exact_calls: int = 0
+    break_reason: str | None = None
+    side_call: str | None = None
+    aborted: bool = False
+    trainable: bool = True
+    routed_experts: str | None = Field(
+        None, description="Base64 .npy of the trace's MoE routing (R3), when every call had it."
+    )
+
+
+class TrajectoryStats(BaseModel):
+    """What a builder and the node record about a whole session's trajectory, read as types
+    (the keys of ``Trajectory.metadata``; readers use ``Trajectory.stats``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    session_id: str | None = None
+    task_id: str | None = None
+    group_id: str | int | None = None  # lifted from the task's metadata as given
+    policy_version: int | None = None
+    rollout_step: int | str | None = None  # lifted from the task's metadata as given
+    num_calls: int = 0
+    num_traces: int = 0
+    calls_in_traces: int = 0
+    merged_calls: int = 0
+    context_exact_calls: int = 0
+    drift_turns: int = 0
+    drift_tokens: int = 0
+    breaks: dict[str, int] = Field(default_factory=dict)
+
+
 class Trace(BaseModel):
     """One trainable sequence: a prompt, and a response with a loss mask over it."""
 
@@ -96,6 +144,11 @@ class Trace(BaseModel):
     )
     turn_rewards: list[TurnReward] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def stats(self) -> TraceStats:
+        """The builder's facts about this trace (from ``metadata``), typed."""
+        return TraceStats.model_validate(self.metadata)
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> Trace:
@@ -124,3 +177,8 @@ class Trajectory(BaseModel):
     traces: list[Trace] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
+
+    @property
+    def stats(self) -> TrajectoryStats:
+        """The builder's and the node's facts about this session (from ``metadata``), typed."""
+        return TrajectoryStats.model_validate(self.metadata)

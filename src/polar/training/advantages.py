@@ -97,7 +97,7 @@ def samples_from_results(results: Iterable[SessionResult]) -> list[SessionSample
     for result in results:
         trajectory = result.trajectory
         traces = tuple(trajectory.traces) if trajectory is not None else ()
-        group = trajectory.metadata.get("group_id") if trajectory is not None else None
+        group = trajectory.stats.group_id if trajectory is not None else None
         reward = result.reward
         if reward is None:
             rewards = [t.reward for t in traces if t.reward is not None]

@@ -39,8 +39,7 @@ def staleness(traces: Iterable[Trace], policy_version: int) -> dict[str, Any]:
             if span.reason is MaskReason.STALE:
                 turns += 1
                 tokens += span.end - span.start
-        versions = trace.metadata.get("call_versions") or []
-        lags += [policy_version - v for v in versions if isinstance(v, int)]
+        lags += [policy_version - v for v in trace.stats.call_versions if v is not None]
     return {
         "stale_turns": turns,
         "stale_tokens": tokens,

@@ -526,15 +526,13 @@ def _session_shape(results: Sequence[SessionResult]) -> dict[str, Any]:
     retry, a prompt that did not extend the last one, drift) summed over the sessions."""
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
     traces = [t for traj in trajectories for t in traj.traces]
-    calls = [int(traj.metadata.get("num_calls", 0)) for traj in trajectories]
+    calls = [traj.stats.num_calls for traj in trajectories]
     breaks = Counter[str]()
     for traj in trajectories:
-        breaks.update(traj.metadata.get("breaks") or {})
+        breaks.update(traj.stats.breaks)
     return {
         "calls_per_session": statistics.fmean(calls) if calls else 0.0,
-        "calls_per_trace": (
-            statistics.fmean(int(t.metadata.get("num_calls", 1)) for t in traces) if traces else 0.0
-        ),
+        "calls_per_trace": (statistics.fmean(t.stats.num_calls for t in traces) if traces else 0.0),
         "traces_per_session": len(traces) / len(trajectories) if trajectories else 0.0,
         "merge_breaks": sum(breaks.values()),
         "merge_break_reasons": dict(sorted(breaks.items())),

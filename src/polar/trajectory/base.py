@@ -423,9 +423,9 @@ def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
         "completions_per_trace": (
             sum(len(s.records) for s in merged) / len(merged) if merged else 0.0
         ),
-        "merged_calls": sum(int(t.metadata["merged_calls"]) for t in traces),
-        "context_exact_calls": sum(int(t.metadata["context_exact_calls"]) for t in traces),
-        "untrainable_traces": sum(1 for t in traces if not t.metadata["trainable"]),
+        "merged_calls": sum(t.stats.merged_calls for t in traces),
+        "context_exact_calls": sum(t.stats.context_exact_calls for t in traces),
+        "untrainable_traces": sum(1 for t in traces if not t.stats.trainable),
         "masked_tokens": dict(sorted(masked.items())),
         "trace_kinds": dict(sorted(kinds.items())),
     }

@@ -130,7 +130,7 @@ class SessionView:
 def session_view(r: SessionResult, decoder: TokenText) -> SessionView:
     """One finished session, every trace turn by turn."""
     trajectory = r.trajectory
-    meta = trajectory.metadata if trajectory else {}
+    stats = trajectory.stats if trajectory else None
     return SessionView(
         anchor=anchor(r),
         session_id=r.session_id,
@@ -138,9 +138,9 @@ def session_view(r: SessionResult, decoder: TokenText) -> SessionView:
         sample="?" if r.sample_index is None else r.sample_index,
         status=r.status.value,
         reward=r.reward,
-        calls=meta.get("num_calls", 0),
-        drift=(meta.get("drift_turns", 0), meta.get("drift_tokens", 0)) if meta else None,
-        breaks=meta.get("breaks"),
+        calls=stats.num_calls if stats else 0,
+        drift=(stats.drift_turns, stats.drift_tokens) if stats else None,
+        breaks=stats.breaks if stats else None,
         error=r.error[:300] if r.error else None,
         traces=[
             trace_view(trace, index, decoder)
@@ -166,12 +166,12 @@ def trace_view(trace: Trace, index: int, decoder: TokenText) -> TraceView:
             turns.append(BetweenTurns(size=len(ids), text=decoder.join(ids)))
     return TraceView(
         index=index,
-        calls=trace.metadata.get("num_calls", 1),
+        calls=trace.stats.num_calls,
         prompt_size=len(trace.prompt_ids),
         response_size=len(trace.response_ids),
         trainable=sum(trace.loss_mask),
         finish_reason=trace.finish_reason,
-        break_reason=trace.metadata.get("break_reason"),
+        break_reason=trace.stats.break_reason,
         lineage=_lineage(trace),
         masked=_masked(trace),
         prompt_text=decoder.join(trace.prompt_ids),

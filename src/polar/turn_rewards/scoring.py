@@ -33,9 +33,8 @@ def attach_turn_rewards(trajectory: Trajectory, scores: Scores) -> int:
     """
     attached = 0
     for trace in trajectory.traces:
-        ids = trace.metadata.get("completion_ids") or []
-        spans = trace.metadata.get("call_spans") or []
-        for cid, (start, end) in zip(ids, spans, strict=True):
+        stats = trace.stats
+        for cid, (start, end) in zip(stats.completion_ids, stats.call_spans, strict=True):
             for source, score in scores.get(cid, []):
                 trace.turn_rewards.append(
                     TurnReward(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.task import EvaluationSummary, SessionResult, SessionStatus
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 
 
@@ -52,15 +50,12 @@ def result(
 ) -> SessionResult:
     """A result whose evaluation says ``passed`` (None: no evaluation ran)."""
     reward = reward if reward is not None else (1.0 if passed else 0.0)
-    metadata: dict[str, Any] = {"sample_index": sample}
-    if session_dir:
-        metadata["session_dir"] = session_dir
+    summary = None
     if passed is not None:
-        metadata["passed"] = passed
-        metadata["evaluation"] = {
-            "resolved": passed,
-            "model_patch": f"diff --git a/x.py b/x.py\n+fix {seed}\n",
-        }
+        patch = f"diff --git a/x.py b/x.py\n+fix {seed}\n"
+        summary = EvaluationSummary(
+            verdict=passed, details={"resolved": passed, "model_patch": patch}
+        )
     trajectory = None
     if status != SessionStatus.ERROR or trajectory_status is not None:
         trajectory = Trajectory(
@@ -76,5 +71,7 @@ def result(
         reward=reward if passed is not None else None,
         timing={"total": 12.5},
         error=error,
-        metadata=metadata,
+        sample_index=sample,
+        session_dir=session_dir or None,
+        evaluation=summary,
     )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.schemas.task import SessionFailure, SessionResult, SessionStatus
+from polar.schemas.task import EvaluationSummary, SessionFailure, SessionResult, SessionStatus
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
 from polar.training.advantages import (
     SessionSample,
@@ -163,7 +163,7 @@ def test_samples_from_results_reads_group_reward_and_status() -> None:
             task_id="t",
             status=SessionStatus.COMPLETED,
             reward=1.0,
-            metadata={"passed": True},
+            evaluation=EvaluationSummary(verdict=True),
         ),
     ]
     s1, s2 = samples_from_results(results)

@@ -38,7 +38,7 @@ def final_answer(trajectory: Trajectory) -> str:
     """The text of the agent's last reply: the last assistant message of the last agent trace
     (side calls such as title generation are not the agent's answer); '' if there is none."""
     for trace in reversed(trajectory.traces):
-        if trace.metadata.get("side_call"):
+        if trace.stats.side_call:
             continue
         for message in reversed(trace.response_messages):
             if message.get("role") == "assistant":

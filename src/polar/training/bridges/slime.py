@@ -85,7 +85,7 @@ def sample_fields(
         status = "truncated"
     elif row.result.status == SessionStatus.ERROR:
         status = "failed"
-    versions = trace.metadata.get("policy_versions") or []
+    versions = trace.stats.policy_versions
     routing = out["rollout_routed_experts"]
     return {
         **{k: out[k] for k in SAMPLE_FIELDS},

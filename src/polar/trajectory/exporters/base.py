@@ -65,15 +65,15 @@ class Exporter(ABC):
 
 
 def session_context(trajectory: Trajectory) -> dict[str, Any]:
-    context = {k: trajectory.metadata[k] for k in SESSION_KEYS if k in trajectory.metadata}
+    context = trajectory.stats.model_dump(include=set(SESSION_KEYS), exclude_unset=True)
     context["status"] = trajectory.status.value
     return context
 
 
 def routing_of(trace: Trace) -> list[Any] | None:
     """The trace's MoE routing (R3) as nested lists, (tokens - 1, layers, top_k); None without."""
-    text = trace.metadata.get("routed_experts")
-    return routed_experts.decode(text).tolist() if isinstance(text, str) else None
+    text = trace.stats.routed_experts
+    return routed_experts.decode(text).tolist() if text is not None else None
 
 
 def trace_extras(trace: Trace) -> dict[str, Any]:

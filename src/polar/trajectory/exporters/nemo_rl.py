@@ -46,7 +46,7 @@ class NemoRLExporter(Exporter):
         return {
             "message_log": log,
             "length": len(trace.prompt_ids) + len(trace.response_ids),
-            "loss_multiplier": 1.0 if trace.metadata.get("trainable", True) else 0.0,
+            "loss_multiplier": 1.0 if trace.stats.trainable else 0.0,
             "reward": trace.reward,
             "extra_env_info": {
                 **trace_extras(trace),

@@ -42,7 +42,7 @@ class SlimeExporter(Exporter):
 
 def _status(trace: Trace) -> str:
     """slime's Sample.Status values: aborted, truncated (length stop) or completed."""
-    if trace.metadata.get("aborted"):
+    if trace.stats.aborted:
         return "aborted"
     if trace.finish_reason == "length":
         return "truncated"
