@@ -81,6 +81,8 @@ def _string_keyed_reads(path: Path, keys: set[str], root: Path = SRC) -> list[st
     """``<x>.metadata.get("key")`` and ``<x>.metadata["key"]`` for a key in ``keys``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.expr):
+            continue
         target, key = None, None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr == "get" and node.args:
