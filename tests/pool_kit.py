@@ -20,14 +20,21 @@ MODEL = "SmolLM2-135M-Instruct"
 
 
 class Gateway:
-    """A gateway app with a pool over the given replica URLs, served on loopback."""
+    """A gateway app with a pool over the given replica URLs (or ``engine``, such as an external
+    router, and ``render`` settings over the defaults), served on loopback."""
 
-    def __init__(self, db: Path, urls: list[str]) -> None:
+    def __init__(
+        self,
+        db: Path,
+        urls: list[str],
+        engine: EngineConfig | None = None,
+        render: dict[str, Any] | None = None,
+    ) -> None:
         self.config = GatewayConfig(
             capture_db=db,
             served_model=MODEL,
-            render={"mode": "gateway", "tool_parser": "qwen3"},
-            engine=EngineConfig(kind="vllm", replicas=list(urls), health_interval_s=0.2),
+            render={"mode": "gateway", "tool_parser": "qwen3", **(render or {})},
+            engine=engine or EngineConfig(kind="vllm", replicas=list(urls), health_interval_s=0.2),
         )
         self.store = CaptureStore(db)
         self.app = create_app(self.config, store=self.store)
