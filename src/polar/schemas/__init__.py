@@ -3,6 +3,7 @@
 from polar.schemas.task import (
     AgentSpec,
     BuilderSpec,
+    EvaluationSummary,
     EvaluatorSpec,
     GitSource,
     ImageSource,
@@ -15,11 +16,18 @@ from polar.schemas.task import (
     TaskResult,
     WorkspaceSource,
 )
-from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
+from polar.schemas.trajectory import (
+    Trace,
+    TraceStats,
+    Trajectory,
+    TrajectoryStats,
+    TrajectoryStatus,
+)
 
 __all__ = [
     "AgentSpec",
     "BuilderSpec",
+    "EvaluationSummary",
     "EvaluatorSpec",
     "GitSource",
     "ImageSource",
@@ -31,7 +39,9 @@ __all__ = [
     "TaskRequest",
     "TaskResult",
     "Trace",
+    "TraceStats",
     "Trajectory",
+    "TrajectoryStats",
     "TrajectoryStatus",
     "WorkspaceSource",
 ]
