@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -86,3 +88,29 @@ def assert_exact_single_chain(store: CaptureStore, key: str) -> None:
 
 def new_sessions(gateway: Gateway, n: int) -> dict[str, list[dict[str, Any]]]:
     return {gateway.new_session(): [{"role": "user", "content": f"task {i}"}] for i in range(n)}
+
+
+def wait_serving(
+    url: str,
+    process: subprocess.Popen[bytes],
+    path: str = "/health",
+    timeout_s: float = 60.0,
+    poll_s: float = 0.3,
+    log: Path | None = None,
+) -> None:
+    """Until the server ``process`` started answers ``path`` with 200; fails at once if it exits
+    (with the end of its ``log``), or at the deadline."""
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-2000:] if log else ""
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{url} exited with {process.returncode}: {tail()}"
+        try:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+    raise AssertionError(f"{url} did not answer {path} in {timeout_s:.0f} s: {tail()}")

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from integration.rollout_support.cluster import free_port
 from polar.engines.pool import routing_key
 from polar.engines.registry import ROUTER_HEADERS, EngineConfig
 from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
 from polar.gateway.server import BackgroundServer
-from pool_kit import Gateway, assert_exact_single_chain, new_sessions
+from pool_kit import Gateway, assert_exact_single_chain, new_sessions, wait_serving
 
 pytestmark = pytest.mark.slow
 
@@ -64,12 +62,6 @@ def _router_cli(name: str) -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(params=list(ROUTERS))
 def router(
     request: pytest.FixtureRequest, tokenizer: Any, tmp_path: Path
@@ -83,7 +75,7 @@ def router(
         for header in [ROUTER_HEADERS[name]] * 2
     ]
     servers = [BackgroundServer(r).start() for r in replicas]
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "router.log").open("wb")
     command = [cli, *argv, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
     proc = subprocess.Popen(
@@ -91,7 +83,7 @@ def router(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, tmp_path / "router.log")
+        wait_serving(url, proc, "/v1/models", log=tmp_path / "router.log")
         yield name, url, replicas
     finally:
         proc.terminate()
@@ -99,19 +91,6 @@ def router(
         log.close()
         for server in servers:
             server.stop()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("the router never answered: " + log.read_text())
 
 
 def test_every_call_of_a_session_reaches_one_replica_through_the_real_router(

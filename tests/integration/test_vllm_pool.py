@@ -15,15 +15,20 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from polar.engines.pool import FLAG_REPLICA_MOVED
-from pool_kit import MODEL, Gateway, assert_exact_single_chain, engines_of, new_sessions
+from pool_kit import (
+    MODEL,
+    Gateway,
+    assert_exact_single_chain,
+    engines_of,
+    new_sessions,
+    wait_serving,
+)
 
 PYTHON = os.environ.get("POLAR_VLLM_PYTHON")
 CHECKPOINT = os.environ.get("POLAR_VLLM_MODEL")
@@ -63,26 +68,12 @@ def replicas(
         started.append((f"http://127.0.0.1:{port}", process))
     try:
         for url, process in started:
-            _wait_healthy(url, process)
+            wait_serving(url, process, timeout_s=900, poll_s=2)
         yield started
     finally:
         for _, process in started:
             process.terminate()
             process.wait(60)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"vLLM at {url} exited with {process.returncode} while starting")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-    pytest.fail(f"vLLM at {url} did not start in {timeout_s:.0f} s")
 
 
 def test_sessions_stay_on_one_replica_and_survive_losing_one(
