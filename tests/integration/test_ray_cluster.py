@@ -4,8 +4,9 @@ docs/scale-out.md says (``num_cpus=0`` plus ``polar_gateway``). The tests share 
 and one ``polar.ray.up`` and run in file order: placement, end to end with exact tokens per
 node, a harness's descriptors, a gateway crash, a gateway past its restart budget, a rollout
 server crash, node loss, node join, drain with a deadline, status (drained is not dead), then
-coexistence with the trainer's actor and ``down``; last, with Polar down, ``polar ray up`` processes ended by
-SIGHUP, SIGTERM, a SIGINT from a script's background and a ``--wait-nodes`` deadline.
+coexistence with the trainer's actor and ``down``; last, with Polar down, ``polar ray up``
+processes ended by SIGHUP, SIGTERM, a SIGINT from a script's background and a ``--wait-nodes``
+deadline.
 """
 
 from __future__ import annotations
