@@ -231,6 +231,8 @@ def test_placement_one_gateway_per_gateway_node_none_on_the_head(env: Env) -> No
 
 
 def test_end_to_end_exact_tokens_on_each_node(env: Env) -> None:
+    # Both gateways up first, whatever ran before: run alone, the first gateway took all 8.
+    wait(lambda: len(env.healthy()) == 2 and env.healthy(), 60, "two gateways up")
     env.submit(shell_task("e2e", env.receiver, num_samples=8, timeout_s=60))
     results = env.wait_task("e2e", 90)
     assert len(results) == 8 and len({r.node_id for r in results}) == 2
