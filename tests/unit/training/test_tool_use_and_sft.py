@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from polar.engines.embedded import load_model
-from polar.stack.demonstrator import solution_script
 from polar.harnesses.base import ShellTool
+from polar.stack.demonstrator import solution_script
 from polar.training import sft
 from polar.training.tasks import task_source
 from polar.training.tool_use import KINDS, chores, split_chores
