@@ -137,7 +137,7 @@ def _harness_fds(tmp: Path, rollout: tuple[str, str], kind: str) -> list[int]:
     [raw] = got["results"]
     result = SessionResult.model_validate(raw)
     assert result.status == SessionStatus.COMPLETED, result.error
-    report = Path(result.metadata["session_dir"]) / "workspace" / "fds.json"
+    report = Path(str(result.session_dir)) / "workspace" / "fds.json"
     return list(json.loads(report.read_text()))
 
 

@@ -147,7 +147,7 @@ def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(
     result = SessionResult.model_validate(raw)
     assert result.status == SessionStatus.COMPLETED, result.error
     report = json.loads(
-        (Path(result.metadata["session_dir"]) / "workspace" / "report.json").read_text()
+        (Path(str(result.session_dir)) / "workspace" / "report.json").read_text()
     )
 
     assert report["own_call"] == 200

@@ -76,5 +76,5 @@ def test_a_bundled_task_resolves_in_docker_from_its_swe_bench_image(
     assert result.reward == 1.0
     # The agent worked in the image's repository: git inside saw its change.
     assert tool_output_seen(result, tokenizer, "textkit/strings.py")
-    session_dir = Path(result.metadata["session_dir"])
+    session_dir = Path(str(result.session_dir))
     assert (session_dir / "workspace" / ".git").is_dir()
