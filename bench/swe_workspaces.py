@@ -73,7 +73,7 @@ async def grade(
         runtime=agent,
         trajectory=Trajectory(status=TrajectoryStatus.COMPLETED),
         task=task,
-        workspace=agent.workspace_path,
+        workspace=await agent.workspace_snapshot(),
         fresh_runtime=lambda: runtime_for(instance, bundle, work / f"fresh{next(count)}"),
     )
     try:
