@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,11 @@ from typing import Any
 import httpx
 import pytest
 
-from artifacts import llama_cpp_template, miles_path  # tests/artifacts.py, the shared cache
+from artifacts import (  # tests/artifacts.py, the shared cache
+    kimi_reference_encoder,
+    llama_cpp_template,
+    miles_path,
+)
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.engines.model_files import tokenizer_cache_path
@@ -39,6 +44,7 @@ from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.rendering.families.base import Family
+from polar.rendering.families.kimi_tools_ts import deep_sorted
 
 
 @dataclass(frozen=True)
@@ -400,12 +406,24 @@ class FamilyBackend(ScriptedBackend):
             if type(self.family).render is not Family.render
             else self.tokenizer.apply_chat_template(
                 vllm_messages(messages),
-                tools=tools or None,
                 chat_template=self.family.chat_template(self.tokenizer),
                 add_generation_prompt=True,
                 tokenize=False,
+                **self.tokenizer_code_inputs(tools),
             )
         )
+
+    def tokenizer_code_inputs(self, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The template's tool inputs as the family's own tokenizer code gives them: Kimi's
+        key-sorts the tools and passes their TypeScript declarations (Moonshot's encoder, the
+        independent reference) as ``tools_ts_str`` where the template reads them."""
+        template = self.family.chat_template(self.tokenizer) or ""
+        if not tools or "tools_ts_str" not in template:
+            return {"tools": tools or None}
+        tools = deep_sorted(tools)
+        with suppress(ValueError, TypeError, KeyError, AttributeError):
+            return {"tools": tools, "tools_ts_str": kimi_reference_encoder()(tools)}
+        return {"tools": tools}
 
     def prompt_ids(
         self,
