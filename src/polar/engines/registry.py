@@ -57,7 +57,7 @@ class EngineConfig(BaseModel):
 
 
 # The header each router reads a session's affinity key from (vllm-router's consistent_hash
-# policy; sglang-router's consistent_hashing and manual policies).
+# policy; sglang-router's manual policy: its 0.3.2 CLI offers no consistent_hashing).
 ROUTER_HEADERS = {"vllm-router": "X-Session-ID", "sglang-router": "X-SMG-Routing-Key"}
 
 
