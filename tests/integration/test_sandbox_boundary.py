@@ -146,9 +146,7 @@ def test_a_sandboxed_harness_reaches_its_own_model_api_and_nothing_else(
     [raw] = cluster.wait_task("escape", timeout_s=90)["results"]
     result = SessionResult.model_validate(raw)
     assert result.status == SessionStatus.COMPLETED, result.error
-    report = json.loads(
-        (Path(str(result.session_dir)) / "workspace" / "report.json").read_text()
-    )
+    report = json.loads((Path(str(result.session_dir)) / "workspace" / "report.json").read_text())
 
     assert report["own_call"] == 200
     refused = {name: report[name] for name in report if name not in ("own_call", "uid", "id_u")}

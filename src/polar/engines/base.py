@@ -45,5 +45,9 @@ class Engine(ABC):
         """The tokenizer of an in-process engine (the gateway renders with the same one)."""
         return None
 
+    def end_session(self, session_id: str) -> None:  # noqa: B027 - optional hook
+        """The session is closed: let go of what the engine keeps for it (a pool's replica
+        assignment); the default keeps nothing."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release connections; the default holds none."""

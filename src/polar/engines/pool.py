@@ -202,6 +202,13 @@ class EnginePool(Engine):
                 self._assigned[session_id] = replica
         return replica
 
+    def end_session(self, session_id: str) -> None:
+        """A closed session no longer counts on its replica (``sessions`` is the load of open
+        sessions) and its assignment is dropped, so a node's table does not grow without end."""
+        replica = self._assigned.pop(session_id, None)
+        if replica is not None:
+            replica.sessions -= 1
+
     async def _alive(self, replica: Replica) -> bool:
         try:
             await asyncio.wait_for(replica.engine.model_info(), self.health_timeout_s)

@@ -134,6 +134,8 @@ class RolloutWork:
             # The session's key stops working, now and after a restart: the trajectory is
             # built from a closed record.
             self.ctx.sessions.remove(self.session.session_id)
+            if self.ctx.engine is not None:
+                self.ctx.engine.end_session(self.session.session_id)
             await self.ctx.store.close_session(self.session.session_id)
 
     def _harness_context(self, runtime: Runtime) -> HarnessContext:

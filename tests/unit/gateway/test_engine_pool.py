@@ -168,3 +168,19 @@ def test_gateway_metrics_report_each_replicas_prefix_cache_hit_ratio_and_the_tot
         gateway.close()
         for server in servers:
             server.stop()
+
+
+def test_a_closed_session_leaves_its_replica_and_the_table() -> None:
+    from polar.engines.pool import EnginePool, Replica
+
+    replicas = [Replica(name, VLLMEngine("http://127.0.0.1:9")) for name in ("a", "b")]
+    pool = EnginePool(replicas)
+    first, _ = pool._choose("s1")
+    second, _ = pool._choose("s2")
+    assert {first.name, second.name} == {"a", "b"}  # spread by open sessions
+    pool.end_session("s1")
+    assert pool.replica_for("s1") is None and first.sessions == 0
+    third, _ = pool._choose("s3")
+    assert third is first  # the closed session no longer weighs on its replica
+    pool.end_session("never-seen")  # a session the pool never placed: nothing to release
+    assert sum(r.sessions for r in replicas) == 2
