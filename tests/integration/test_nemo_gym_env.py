@@ -74,10 +74,11 @@ def complete(messages):
 messages = [{"role": "user", "content": sys.argv[1]}]
 messages += [{"role": "assistant", "content": complete(messages)},
              {"role": "user", "content": "Now say it in other words."}]
-open("answer.txt", "w").write(complete(messages))
+open("answer.txt", "w", newline="").write(complete(messages))
 """
 # A grade that depends on what the model sampled: pass on an even-length answer.
-EVEN_LENGTH = "python3 -c \"import sys; sys.exit(len(open('answer.txt').read()) % 2)\""
+# newline="" keeps a sampled "\r\n" as two characters, as the test's own len() counts it.
+EVEN_LENGTH = "python3 -c \"import sys; sys.exit(len(open('answer.txt', newline='').read()) % 2)\""
 EMBEDDED_TEMPLATE = {
     "timeout_seconds": 120,
     "runtime": {"kind": "local", "files": {"agent.py": TWO_CALL_AGENT}},
