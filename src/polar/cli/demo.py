@@ -20,13 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from polar.capture.store import CaptureStore
-from polar.engines.scripted import (
-    Script,
-    ScriptedBackend,
-    ScriptedEngine,
-    ScriptedReply,
-    logged_tokens,
-)
+from polar.engines.scripted import ScriptedEngine, logged_tokens
+from polar.engines.scripted_backend import ScriptedBackend
+from polar.engines.scripted_script import Script, ScriptedReply
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.listen import bind_gateway

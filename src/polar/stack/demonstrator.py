@@ -22,15 +22,12 @@ from collections.abc import Mapping, Sequence
 
 from polar.engines.model_files import load_tokenizer
 from polar.engines.registry import EngineConfig
-from polar.engines.scripted import (
-    ConversationScript,
-    ScriptedBackend,
-    ScriptedEngine,
-    ScriptedReply,
-)
+from polar.engines.scripted import ScriptedEngine
+from polar.engines.scripted_backend import ScriptedBackend
+from polar.engines.scripted_script import ConversationScript, ScriptedReply
 from polar.errors import ConfigError
 from polar.harnesses.base import ShellTool
-from polar.harnesses.bundled import AGENT, AGENT_SHELL_TOOL
+from polar.harnesses.bundled import AGENT
 from polar.harnesses.registry import CLI_PRESETS, create_harness
 from polar.stack.plan import EngineHandle
 from polar.swe.instances import SWEInstance
@@ -43,10 +40,8 @@ _DELIMITER = "POLAR_GOLD_PATCH"
 
 
 def shell_tool(harness: str) -> ShellTool:
-    """The shell tool the demonstrator calls: the preset's own, or the bundled agent's."""
-    if harness == AGENT:
-        return AGENT_SHELL_TOOL
-    tool = create_harness(harness).shell_tool if harness in CLI_PRESETS else None
+    """The shell tool the demonstrator calls: the preset's own (a CLI's or the bundled agent's)."""
+    tool = create_harness(harness).shell_tool if harness in (*CLI_PRESETS, AGENT) else None
     if tool is None:
         raise ConfigError(
             f"the demonstrator drives a harness through its shell tool; {harness!r} names none "

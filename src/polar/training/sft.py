@@ -31,7 +31,8 @@ import torch
 
 from polar.client import RolloutClient
 from polar.engines.registry import EngineConfig
-from polar.engines.scripted import ScriptedBackend, ScriptedEngine
+from polar.engines.scripted import ScriptedEngine
+from polar.engines.scripted_backend import ScriptedBackend
 from polar.errors import ConfigError
 from polar.schemas.task import SessionResult, TaskRequest
 from polar.stack.demonstrator import shell_tool, solution_script

@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Any
 from polar.extras import require
 
 if TYPE_CHECKING:
-    from polar.engines.embedded.core import ChoiceResult, EmbeddedEngineCore, GenerationResult
+    from polar.engines.embedded.core import EmbeddedEngineCore
     from polar.engines.embedded.loader import LoadedModel, load_model
+    from polar.engines.embedded.results import ChoiceResult, GenerationResult
     from polar.engines.embedded.sampling import GenerationParams
     from polar.engines.embedded.server import create_app
 
 _HOMES = {
-    "ChoiceResult": "core",
+    "ChoiceResult": "results",
     "EmbeddedEngineCore": "core",
-    "GenerationResult": "core",
+    "GenerationResult": "results",
     "LoadedModel": "loader",
     "load_model": "loader",
     "GenerationParams": "sampling",

@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polar.engines.embedded.core import ChoiceResult, EmbeddedEngineCore, GenerationResult
+from polar.engines.embedded.core import EmbeddedEngineCore
+from polar.engines.embedded.results import ChoiceResult, GenerationResult
 from polar.engines.embedded.sampling import GenerationParams
 from polar.engines.types import usage_body
 from polar.errors import GatewayError, InvalidRequest, NotFound
