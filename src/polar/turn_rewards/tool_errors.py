@@ -19,7 +19,9 @@ from polar.turn_rewards.base import Turn, TurnRewardHook, TurnScore, parse_confi
 
 DEFAULT_PATTERNS = [
     r"^Error:",
-    r"exit(?: code|ed with|_code)[\s:=]*[1-9]\d*",
+    # "exit code 2", "exit_code=1", "exit status 1", Pi's "Command exited with code 1", the
+    # bundled agent's "[exit 1]"
+    r"\bexit(?:ed with)?(?: code| status|_code)?[\s:=]*[1-9]\d*",
     r"Traceback \(most recent call last\)",
     r"command not found",
 ]

@@ -12,6 +12,7 @@ import pytest
 
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.errors import ConfigError
+from polar.harnesses.agent import run_command
 from polar.schemas.task import TaskRequest, TurnRewardSpec
 from polar.trajectory.exporters.registry import create_exporter
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
@@ -196,3 +197,25 @@ def test_a_next_call_that_rewrites_history_still_follows_the_turn():
     turns = session_turns([r1, r2, r3])
     assert [t.following for t in turns] == [r2, r3, None]
     assert turns[1].results[0]["content"] == "3 passed"
+
+
+@pytest.mark.parametrize(
+    ("output", "failed"),
+    [
+        (run_command("false"), True),  # the bundled agent's own tool result: "[exit 1]"
+        (run_command("ls no-such-file"), True),
+        (run_command("true"), False),  # "[exit 0]"
+        ("hello\n\nCommand exited with code 2", True),  # Pi's bash tool (pi-coding-agent)
+        ("exit_code=1", True),
+        ("exit status 3", True),
+        ("Process exited with code 0", False),
+        ("3 passed; the exit code was fine", False),
+    ],
+)
+def test_tool_errors_reads_the_failure_formats_of_real_tools(output, failed):
+    reply = tool_call("a", "run it")
+    result = {"role": "tool", "tool_call_id": "a", "content": output}
+    c1 = record([1, 2], [10, 99], messages=[USER], response=reply, finish="tool_calls")
+    c2 = record([1, 2, 10, 99, 5], [30, 99], messages=[USER, reply, result])
+    scores = score([TurnRewardSpec(strategy="tool_errors")], [c1, c2])
+    assert [s.reward for _, s in scores[c1.completion_id]] == [-1.0 if failed else 0.0]
