@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -423,11 +422,8 @@ def test_follow_ups_go_to_pi_or_the_bundled_agent_and_are_refused_elsewhere() ->
 
     pi = request(AgentSpec(harness="pi", settings={"tools": ["bash"]})).agent
     assert pi.settings == {"tools": ["bash"], "follow_ups": task.follow_ups}
-    bundled = plan.agent_plan(4, "m").agent
-    command = request(bundled).agent.settings["command"]
-    assert command == bundled.settings["command"] + " " + " ".join(
-        shlex.quote(m) for m in task.follow_ups
-    )
+    bundled = request(plan.agent_plan(4, "m").agent).agent
+    assert bundled.settings == {"max_turns": 4, "follow_ups": task.follow_ups}
     with pytest.raises(ConfigError, match="follow_ups"):
         request(AgentSpec(harness="qwen_code"))
 
@@ -458,9 +454,9 @@ def test_pi_without_npm_falls_back_to_the_bundled_agent(
         "pi", max_turns=3, model_name="m", stock_prompt=False, echo=lambda line: None
     )
     assert chosen.name == "agent" and chosen.warnings
-    assert chosen.agent.harness == "shell"
-    assert "--max-turns 3" in chosen.agent.settings["command"]
-    assert chosen.binds == [str(AGENT_PATH)]
+    assert chosen.agent.harness == "agent"
+    assert chosen.agent.settings == {"max_turns": 3}
+    assert chosen.binds == []
     with pytest.raises(HarnessError, match="npm"):
         plan.choose_harness(
             "opencode", max_turns=3, model_name="m", stock_prompt=False, echo=lambda line: None

@@ -3,7 +3,7 @@
 The image is the test image plus the repository at ``/testbed`` (base commit checked out), named
 by SWE-bench's scheme, built locally (nothing is pulled). The task is what ``instance_task``
 makes for ``runtime="docker"``: the workspace is copied out of the image at INIT, the agent (the
-bundled Python agent, mounted read-only) fixes the bug with a shell tool call, and
+bundled Python agent preset, which writes its own source in) fixes the bug with a shell tool call, and
 ``swe_tests`` grades a fresh container of the same image with the test patch applied.
 """
 
@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from images.local_image import build_task_image, task_image_unready
-from polar.harnesses.bundled import AGENT_PATH
 from polar.runtimes.checkouts import checkout
 from polar.stack.plan import agent_plan
 from polar.swe.bundled import bundle_repos, bundled_instances
@@ -54,7 +53,7 @@ def test_a_bundled_task_resolves_in_docker_from_its_swe_bench_image(
     agent = agent_plan(max_turns=3, model_name=MODEL).agent
     options = SWETaskOptions(
         runtime="docker",
-        harness="shell",
+        harness=agent.harness or "",
         model_name=MODEL,
         settings=agent.settings,
         timeout_s=240,
@@ -63,9 +62,6 @@ def test_a_bundled_task_resolves_in_docker_from_its_swe_bench_image(
     task = instance_task(instance, options)
     assert task.runtime.source is not None and task.runtime.source.kind == "image"
     assert task.runtime.workdir == "/testbed"
-    mount = ["-v", f"{AGENT_PATH}:{AGENT_PATH}:ro"]
-    runtime = task.runtime.model_copy(update={"options": {"run_args": mount}})
-    task = task.model_copy(update={"runtime": runtime})
 
     backend = scripted_backend(tokenizer, ("shell", "command"), {INSTANCE: FIX_TEXTKIT})
     result = run_tasks(tmp_path / "run", backend, [task])[INSTANCE]

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from polar.errors import ConfigError
 from polar.harnesses.base import Harness
+from polar.harnesses.bundled import BundledAgent
 from polar.harnesses.claude_code import ClaudeCode
 from polar.harnesses.codex import Codex
 from polar.harnesses.gemini_cli import GeminiCli
@@ -17,7 +18,16 @@ from polar.providers.types import NormalizedRequest
 from polar.registry import Registry
 from polar.schemas.task import AgentSpec
 
-_PRESETS: tuple[type[Harness], ...] = (Codex, ClaudeCode, QwenCode, GeminiCli, Opencode, Pi, Shell)
+_PRESETS: tuple[type[Harness], ...] = (
+    Codex,
+    ClaudeCode,
+    QwenCode,
+    GeminiCli,
+    Opencode,
+    Pi,
+    BundledAgent,
+    Shell,
+)
 
 harnesses: Registry[Harness] = Registry("harness")
 for _preset in _PRESETS:

@@ -22,7 +22,7 @@ from polar.engines.embedded.options import DEFAULT_MODEL, TINY_MODEL, served_mod
 from polar.engines.model_files import smollm2_gguf_path
 from polar.engines.registry import EngineConfig, create_engine
 from polar.errors import ConfigError, HarnessError
-from polar.harnesses.bundled import AGENT, AGENT_PATH, agent_spec
+from polar.harnesses.bundled import AGENT, agent_spec
 from polar.harnesses.install import default_prefix, install, installed_names
 from polar.harnesses.pi import COMPACT_SETTINGS
 from polar.harnesses.registry import CLI_PRESETS
@@ -141,8 +141,8 @@ def choose_harness(
 
 
 def agent_plan(max_turns: int, model_name: str) -> HarnessPlan:
-    """The bundled agent, run by the ``shell`` preset from its (read-only bound) source file."""
-    return HarnessPlan(AGENT, agent_spec(max_turns, model_name), [str(AGENT_PATH)])
+    """The bundled agent preset (its launch carries its own source: nothing to bind)."""
+    return HarnessPlan(AGENT, agent_spec(max_turns, model_name))
 
 
 # -- engine ----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ class EchoHarness(Harness):
 
 def test_presets_are_registered() -> None:
     assert harnesses.names() == [
+        "agent",
         "claude_code",
         "codex",
         "gemini_cli",

@@ -9,7 +9,7 @@ import pytest
 
 from polar.errors import ConfigError
 from polar.harnesses.agent import TOOL
-from polar.harnesses.bundled import AGENT, AGENT_SHELL_TOOL
+from polar.harnesses.bundled import AGENT, AGENT_SHELL_TOOL, BundledAgent
 from polar.harnesses.registry import CLI_PRESETS
 from polar.runtimes.checkouts import checkout
 from polar.stack.demonstrator import (
@@ -26,7 +26,7 @@ def test_the_bundled_agents_tool_is_the_one_its_source_declares() -> None:
     assert isinstance(function, dict)
     assert AGENT_SHELL_TOOL.name == function["name"]
     assert function["parameters"]["required"] == [AGENT_SHELL_TOOL.argument]
-    assert shell_tool(AGENT) == AGENT_SHELL_TOOL
+    assert shell_tool(AGENT) == AGENT_SHELL_TOOL == BundledAgent.shell_tool
 
 
 @pytest.mark.parametrize("harness", CLI_PRESETS)

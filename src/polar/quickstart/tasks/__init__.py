@@ -9,7 +9,6 @@ file format works for a user's own suite (``polar quickstart --suite my.yaml``).
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.config_loader import load_config
 from polar.errors import ConfigError
+from polar.harnesses.bundled import AGENT
 from polar.quickstart.tasks.checker import IMPORT_PATH as CHECKER
 from polar.schemas.task import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 
 BUNDLED_SUITE = Path(__file__).with_name("suite.yaml")
-BUNDLED_AGENT_ARGS = "{instruction}"
-"""How the bundled agent's command line ends: follow-ups go after the instruction."""
 CHECK_TIMEOUT_S = 30.0
 
 
@@ -104,13 +102,8 @@ def with_follow_ups(agent: AgentSpec, task: SuiteTask) -> AgentSpec:
     so a task with follow-ups is refused for it by name rather than cut short."""
     if not task.follow_ups:
         return agent
-    if agent.harness == "pi":
+    if agent.harness in ("pi", AGENT):
         settings = {**agent.settings, "follow_ups": list(task.follow_ups)}
-        return agent.model_copy(update={"settings": settings})
-    command = str(agent.settings.get("command", ""))
-    if agent.harness == "shell" and command.endswith(BUNDLED_AGENT_ARGS):
-        quoted = " ".join(shlex.quote(m) for m in task.follow_ups)
-        settings = {**agent.settings, "command": f"{command} {quoted}"}
         return agent.model_copy(update={"settings": settings})
     raise ConfigError(
         f"task {task.id!r} has follow_ups, which only pi and the bundled agent can send "
