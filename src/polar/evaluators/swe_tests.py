@@ -37,6 +37,7 @@ import json
 import posixpath
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,12 +166,22 @@ def read_log(path: Path, limit: int = LOG_LIMIT) -> str | None:
     return data.decode("utf-8", "replace")
 
 
-def _read_inside(runtime: Runtime, path: str) -> str | None:
-    try:
-        host = runtime.host_path(path)
-    except ValueError:  # a link out of the runtime's home
-        return None
-    return read_log(host)
+async def _read_inside(runtime: Runtime, path: str) -> str | None:
+    """The log the test command wrote at ``path`` inside: read in place where the runtime's
+    files are on this host, else downloaded first (a sandbox that lives elsewhere)."""
+    if runtime.host_files:
+        try:
+            host = runtime.host_path(path)
+        except ValueError:  # a link out of the runtime's home
+            return None
+        return await asyncio.to_thread(read_log, host)
+    with tempfile.TemporaryDirectory(prefix="polar-swe-log-") as tmp:
+        local = Path(tmp) / "test.log"
+        try:
+            await runtime.download(path, local)
+        except (OSError, ValueError):  # none written, or no regular file
+            return None
+        return await asyncio.to_thread(read_log, local)
 
 
 # -- the evaluator ---------------------------------------------------------------------------
@@ -233,7 +244,7 @@ class SWETests(Evaluator):
             unified_patch, mine, agent, base, MODEL_PATCH_LIMIT
         )
         applied = await asyncio.to_thread(
-            apply_diff, diff, agent, runtime.workspace_path, protected
+            apply_diff, diff, agent, runtime.workspace_writer(), protected
         )
         details: dict[str, Any] = {
             "instance_id": cfg.instance_id,
@@ -324,12 +335,12 @@ class SWETests(Evaluator):
         )
         for attempt in range(cfg.retries + 1):
             # One stream, in the order things were printed (pytest's summary comes last), into
-            # a file in HOME, which every runtime maps: an exec's output is capped (head and
-            # tail), and a long log's middle holds test results too.
+            # a file in HOME, which every runtime can hand over: an exec's output is capped (head
+            # and tail), and a long log's middle holds test results too.
             log_inside = posixpath.join(runtime.home, f".swe_tests-run{attempt}.log")
             command = "{\n" + self.test_cmd + "\n} > " + shlex.quote(log_inside) + " 2>&1"
             result = await runtime.exec(command, env=self.spec.env or None, timeout_s=cfg.timeout_s)
-            written = await asyncio.to_thread(_read_inside, runtime, log_inside)
+            written = await _read_inside(runtime, log_inside)
             log = (written or "") + result.stdout + result.stderr
             reason: str | None
             try:

@@ -66,7 +66,7 @@ class TestOnOutput(Evaluator):
             base = await fresh.workspace_snapshot()
             diff = await asyncio.to_thread(diff_trees, ctx.workspace, base, self.config.ignore)
             report = await asyncio.to_thread(
-                apply_diff, diff, ctx.workspace, fresh.workspace_path, self.config.protected
+                apply_diff, diff, ctx.workspace, fresh.workspace_writer(), self.config.protected
             )
             result = await self._run_tests(fresh)
         finally:

@@ -6,7 +6,8 @@ between the two trees: files added or modified (content, symlink target or execu
 files deleted. Applying them to the fresh tree, except on ``protected`` paths, grades the
 agent's work against tests it could not edit. No git is needed in the workspace. Both trees
 are read as :class:`~polar.runtimes.snapshot.WorkspaceSnapshot` (wherever the runtime keeps
-them); only the clean copy the changes land in is a host directory.
+them), and the changes land in the clean copy through its
+:class:`~polar.runtimes.workspace_writer.WorkspaceWriter`: no host path on either side.
 
 Patterns are fnmatch-style on ``/``-separated relative paths (``*`` also crosses ``/``), and a
 pattern that matches a directory covers everything under it: ``tests`` protects ``tests/**``,
@@ -16,11 +17,11 @@ pattern that matches a directory covers everything under it: ``tests`` protects 
 from __future__ import annotations
 
 import fnmatch
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from polar.runtimes.snapshot import SnapshotEntry, WorkspaceSnapshot
+from polar.runtimes.workspace_writer import WorkspaceWriter
 
 DEFAULT_IGNORE = (".git", "*__pycache__")
 
@@ -88,55 +89,42 @@ class ApplyReport:
     """Changes that could not be applied (a protected path in the way)."""
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def _prune_empty_parents(target: Path, agent: WorkspaceSnapshot, rel: str) -> None:
+def _prune_empty_parents(target: WorkspaceWriter, agent: WorkspaceSnapshot, rel: str) -> None:
     """Drop directories a deletion emptied, unless the agent's tree still has them."""
     for parent in PurePosixPath(rel).parents:
         entry = agent.entry(str(parent)) if str(parent) != "." else None
         if str(parent) == "." or (entry is not None and entry.kind == "dir"):
             return
-        try:
-            (target / parent).rmdir()
-        except OSError:
+        if not target.remove_empty_dir(str(parent)):
             return
 
 
 def apply_diff(
     diff: WorkspaceDiff,
     agent: WorkspaceSnapshot,
-    target: Path,
+    target: WorkspaceWriter,
     protected: list[str] | tuple[str, ...] = (),
 ) -> ApplyReport:
-    """Replay ``diff`` from ``agent`` onto ``target``, leaving ``protected`` paths untouched."""
+    """Replay ``diff`` from ``agent`` onto ``target`` (a fresh runtime's
+    ``workspace_writer()``), leaving ``protected`` paths untouched."""
     report = ApplyReport()
     for rel in diff.deleted:
         if matches(rel, protected):
             report.protected.append(rel)
             continue
-        _remove(target / rel)
+        target.remove(rel)
         _prune_empty_parents(target, agent, rel)
         report.applied.append(rel)
     for rel in diff.changed:
         if matches(rel, protected):
             report.protected.append(rel)
             continue
-        dst = target / rel
         try:
-            if dst.is_dir() and not dst.is_symlink():
-                dst.rmdir()  # a directory the agent replaced by a file; fails if still in use
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _remove(dst)
             entry = agent.entry(rel)
             if entry is not None and entry.kind == "link":
-                dst.symlink_to(entry.target)
+                target.link(rel, entry.target)
             else:
-                agent.copy_to(rel, dst)  # a FIFO, device or huge file is a conflict
+                target.write(rel, agent)  # a FIFO, device or huge file is a conflict
         except OSError:
             report.conflicts.append(rel)
             continue

@@ -35,7 +35,6 @@ from polar.harnesses.runner import run_launch
 from polar.providers.registry import routing_table
 from polar.runtimes.base import AsgiApp, Runtime
 from polar.runtimes.registry import create_runtime
-from polar.runtimes.safe_files import make_dirs
 from polar.schemas.ids import path_segment
 from polar.schemas.task import (
     EvaluationSummary,
@@ -115,9 +114,10 @@ class RolloutWork:
         agent = self.task.agent
         name = agent.import_path or agent.harness or "harness"
         try:
-            await asyncio.to_thread(self._make_polar_dirs, runtime)
+            env = session_env(runtime, self.session.session_id, self.task.task_id)
+            # The directories the environment names, under HOME (writable in every runtime).
+            await runtime.make_dirs(env["POLAR_ARTIFACT_DIR"], env["POLAR_LOG_DIR"])
             launch = harness_for(agent).prepare(self._harness_context(runtime))
-            env = {**session_env(runtime, self.session.session_id, self.task.task_id)}
             launch = replace(launch, env={**env, **launch.env})
             outcome = await until_calls_spent(
                 run_launch(launch, runtime, timeout_s=budget_s, harness=name),
@@ -151,13 +151,6 @@ class RolloutWork:
             settings=agent.settings,
             env=agent.env,
         )
-
-    @staticmethod
-    def _make_polar_dirs(runtime: Runtime) -> None:
-        """The session's artifact and log directories (under HOME, which every runtime maps);
-        never through a link a prepare step planted there."""
-        for name in ("artifacts", "logs"):
-            make_dirs(runtime.home_path, f".polar/{name}")
 
     # -- POSTRUN ---------------------------------------------------------------------------
 
@@ -206,9 +199,13 @@ class RolloutWork:
             failure=failure,
             sample_index=self.session.dispatch.sample_index,
             exit_code=self.exit_code,
-            session_dir=str(self.session_dir),
+            session_dir=str(self.session_dir) if self._host_files() else None,
             evaluation=_summary(evaluation),
         )
+
+    def _host_files(self) -> bool:
+        """Whether the session's files are on this host (not a pod's or a service's)."""
+        return self.runtime is None or self.runtime.host_files
 
     def _can_evaluate(self, outcome: RunOutcome) -> bool:
         return outcome.reached_run and not outcome.cancelled and self.runtime is not None

@@ -9,8 +9,12 @@ A runtime owns one session directory on the host, laid out by :meth:`Runtime.sta
       artifacts/   files a harness or evaluator wants kept
       run/         runtime plumbing (the gateway relay's socket)
 
-Every runtime maps ``workspace/`` and ``home/`` into its sandbox, so the host can read the
-agent's work directly (evaluators diff it) and presets can write config files into ``home/``.
+The built-in runtimes map ``workspace/`` and ``home/`` into their sandbox, so the host reads
+the agent's work directly. A runtime whose sandbox lives elsewhere (a pod, a sandbox service)
+sets :attr:`Runtime.host_files` to False and keeps no host path: callers reach its files only
+through :meth:`Runtime.workspace_snapshot`, :meth:`Runtime.workspace_writer`,
+:meth:`Runtime.make_dirs`, :meth:`Runtime.upload` and :meth:`Runtime.download`, which it
+implements its own way, and a host path asked of it is a :class:`ConfigError` naming it.
 
 Paths given to :meth:`exec`, :meth:`upload` and :meth:`download` are in the runtime's view:
 relative to the workdir, or absolute inside. String commands run through ``bash -lc``; every
@@ -40,9 +44,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.checkouts import default_cache_dir, shared_checkout
-from polar.runtimes.safe_files import UnsafeFile, copy_regular, walk
+from polar.runtimes.safe_files import UnsafeFile, copy_regular, make_dirs, walk
 from polar.runtimes.snapshot import HostSnapshot, WorkspaceSnapshot
 from polar.runtimes.spawn import Child, spawn
+from polar.runtimes.workspace_writer import HostWriter, WorkspaceWriter
 from polar.schemas.task import ImageSource, RuntimeSpec
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
@@ -226,6 +231,9 @@ class Runtime(ABC):
     """Whether ``spec.image`` is required (a container runtime) rather than the host's system."""
     sandboxed: ClassVar[bool] = True
     """False for a runtime that runs the harness as the node's own user, unconfined (local)."""
+    host_files: ClassVar[bool] = True
+    """Whether the workspace and home are host directories under :attr:`session_dir` (the
+    ``*_path`` properties, :meth:`host_path`); False for a sandbox that lives elsewhere."""
     home_inside: ClassVar[str] = "/home/polar"
     options_model: ClassVar[type[RuntimeOptions]] = RuntimeOptions
     options: RuntimeOptions
@@ -259,28 +267,42 @@ class Runtime(ABC):
 
     @property
     def workspace_path(self) -> Path:
-        return self.session_dir / "workspace"
+        return self._host_dir("workspace")
 
     @property
     def home_path(self) -> Path:
-        return self.session_dir / "home"
+        return self._host_dir("home")
 
     @property
     def logs_path(self) -> Path:
-        return self.session_dir / "logs"
+        return self._host_dir("logs")
 
     @property
     def artifacts_path(self) -> Path:
-        return self.session_dir / "artifacts"
+        return self._host_dir("artifacts")
 
     @property
     def run_path(self) -> Path:
-        return self.session_dir / "run"
+        return self._host_dir("run")
+
+    def _host_dir(self, name: str) -> Path:
+        if not self.host_files:
+            raise ConfigError(
+                f"the {self.name} runtime keeps its files off this host (host_files = False): "
+                f"it has no host {name} directory; read its workspace_snapshot() and write "
+                "through its workspace_writer(), make_dirs(), upload() and download()"
+            )
+        return self.session_dir / name
 
     async def workspace_snapshot(self) -> WorkspaceSnapshot:
         """The agent's workspace as evaluators read it. Here the host's mapped directory; a
         runtime whose sandbox lives elsewhere returns the files it fetched."""
         return HostSnapshot(self.workspace_path)
+
+    def workspace_writer(self) -> WorkspaceWriter:
+        """Where an evaluator replays the agent's changes on this (fresh) runtime. Here the
+        host's mapped directory; a runtime whose sandbox lives elsewhere sends them there."""
+        return HostWriter(self.workspace_path)
 
     # -- the runtime's view ------------------------------------------------------------------
 
@@ -388,12 +410,24 @@ class Runtime(ABC):
         """Copy ``remote`` (file or directory) from inside to the host path ``local``."""
         await asyncio.to_thread(_copy, self.host_path(remote), Path(local))
 
+    async def make_dirs(self, *paths: str) -> None:
+        """Make each directory (inside paths) with its parents, never through a link the
+        sandbox planted (:class:`UnsafeFile`); only the workdir and home are writable."""
+        for path in paths:
+            root, rel = self._mapped(path)
+            await asyncio.to_thread(make_dirs, root, rel)
+
     def host_path(self, remote: str) -> Path:
         """Where an inside path lives on the host; only the workspace and home are mapped."""
+        root, rel = self._mapped(remote)
+        return _within(root, root / rel, remote)
+
+    def _mapped(self, remote: str) -> tuple[Path, str]:
+        """The host directory that holds ``remote`` (workspace or home) and the path below it."""
         inside = PurePosixPath(self.inside_path(remote))
         for root, host in ((self.workdir, self.workspace_path), (self.home, self.home_path)):
             if inside == PurePosixPath(root) or PurePosixPath(root) in inside.parents:
-                return _within(host, host.joinpath(*inside.relative_to(root).parts), remote)
+                return host, str(inside.relative_to(root))
         raise ValueError(
             f"{remote!r} is outside the {self.name} runtime's workdir ({self.workdir}) and "
             f"home ({self.home}); only those can be transferred"

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from polar.evaluators.workspace_diff import apply_diff, diff_trees, matches
 from polar.runtimes.snapshot import HostSnapshot
+from polar.runtimes.workspace_writer import HostWriter
 
 Tree = dict[str, tuple[bytes, bool]]  # rel path -> (content, executable)
 
@@ -60,7 +61,9 @@ def test_replaying_the_diff_reproduces_the_agent_except_protected_paths(base, ag
         write(root / "agent", agent)
         shutil.copytree(root / "base", root / "fresh", dirs_exist_ok=True)
         diff = diff_trees(HostSnapshot(root / "agent"), HostSnapshot(root / "base"))
-        report = apply_diff(diff, HostSnapshot(root / "agent"), root / "fresh", protected)
+        report = apply_diff(
+            diff, HostSnapshot(root / "agent"), HostWriter(root / "fresh"), protected
+        )
         result = snapshot(root / "fresh")
     if not protected:
         assert result == agent and not report.conflicts
@@ -86,7 +89,7 @@ def test_symlinks_ignored_dirs_and_emptied_directories(tmp_path: Path):
     shutil.copytree(base, fresh)
     diff = diff_trees(HostSnapshot(agent), HostSnapshot(base))
     assert diff.changed == ["link"] and diff.deleted == ["gone/only.txt"]
-    apply_diff(diff, HostSnapshot(agent), fresh)
+    apply_diff(diff, HostSnapshot(agent), HostWriter(fresh))
     assert os.readlink(fresh / "link") == "keep.txt"
     assert not (fresh / "gone").exists()  # the emptied directory went too
     assert not (fresh / ".git").exists()

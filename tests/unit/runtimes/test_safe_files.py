@@ -30,6 +30,7 @@ from polar.runtimes.safe_files import (
     walk,
 )
 from polar.runtimes.snapshot import HostSnapshot
+from polar.runtimes.workspace_writer import HostWriter
 
 TRAPS = ("fifo", "device", "sparse", "chain", "link_out")
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4)
@@ -175,7 +176,7 @@ def test_the_evaluators_diff_patch_and_apply_pass_over_a_trap(tmp_path: Path, tr
         lambda: unified_patch(diff, HostSnapshot(agent), HostSnapshot(base), 1 << 20)
     )
     assert "+x = 2" in patch
-    report = bounded(lambda: apply_diff(diff, HostSnapshot(agent), base))
+    report = bounded(lambda: apply_diff(diff, HostSnapshot(agent), HostWriter(base)))
     assert "src/ok.py" in report.applied
     assert (base / "src" / "ok.py").read_text() == "x = 2\n"
     if trap in ("chain", "link_out"):  # a link is copied as a link, never followed
