@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import polar
+from polar.schemas.task import EvaluationSummary, SessionResult
+from polar.schemas.trajectory import Trace, TraceStats, Trajectory, TrajectoryStats
 
 SRC = Path(polar.__file__).parent
 
@@ -307,3 +309,61 @@ def test_no_module_is_over_600_lines_unless_it_says_why_it_stays_whole() -> None
         if "reads better whole" not in (ast.get_docstring(ast.parse(text)) or ""):
             long.append(f"{rel} ({text.count(chr(10))} lines)")
     assert not long, f"split these or say why they read better whole: {long}"
+
+
+def test_no_trainer_or_exporter_reads_a_session_fact_by_string_key() -> None:
+    """Polar's own facts about a session (the builder's stats, lineage, masks, turn rewards,
+    the evaluation, the sample index) are read as types (``trace.stats``, ``result.passed``,
+    ...), never as ``x.metadata["key"]``: a string key hides a typo and a second default.
+    ``metadata`` keeps only the user's own keys (a task's ``solution``, ``kind``)."""
+    typed = (TraceStats, TrajectoryStats, Trace, Trajectory, SessionResult, EvaluationSummary)
+    facts = {name for model in typed for name in model.model_fields} - {"metadata"}
+
+    def is_metadata(node: ast.expr, aliases: set[str]) -> bool:
+        if isinstance(node, ast.BoolOp):  # ``x.metadata or {}``
+            return any(is_metadata(value, aliases) for value in node.values)
+        return (isinstance(node, ast.Attribute) and node.attr == "metadata") or (
+            isinstance(node, ast.Name) and node.id in aliases
+        )
+
+    def string_key_reads(source: str) -> list[str]:
+        tree = ast.parse(source)
+        aliases = {  # ``meta = trace.metadata`` and its reads later
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and is_metadata(node.value, set())
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+                owner, key = node.value, node.slice
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "pop", "setdefault")
+                and node.args
+            ):
+                owner, key = node.func.value, node.args[0]
+            else:
+                continue
+            if isinstance(key, ast.Constant) and key.value in facts and is_metadata(owner, aliases):
+                found.append(f"line {node.lineno}: {key.value!r}")
+        return found
+
+    planted = (
+        "a = trace.metadata['num_calls']\nb = (r.metadata or {}).get('evaluation')\n"
+        "m = t.metadata\nc = m.get('break_reason')\nd = task.metadata['solution']\n"
+        "trace.metadata['trainable'] = False\n"
+    )
+    assert string_key_reads(planted) == [
+        "line 1: 'num_calls'", "line 2: 'evaluation'", "line 4: 'break_reason'",
+    ]  # fmt: skip
+    readers = [*(SRC / "training").rglob("*.py"), *(SRC / "trajectory" / "exporters").glob("*.py")]
+    reads = {
+        str(path.relative_to(SRC)): found
+        for path in sorted(readers)
+        if (found := string_key_reads(path.read_text()))
+    }
+    assert not reads, f"read these through the typed views instead: {reads}"
