@@ -4,21 +4,23 @@ that snapshot (diffed against a fresh local tree, applied there, tests run for r
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
+from polar.errors import ConfigError
 from polar.evaluators.base import EvaluationContext
 from polar.evaluators.registry import create_evaluator
-from polar.runtimes.base import Capabilities, ExecResult, Launch, Runtime
-from polar.runtimes.registry import RUNTIMES, create_runtime, needs_image, unsandboxed_runtimes
-from polar.runtimes.snapshot import MemorySnapshot, WorkspaceSnapshot
+from polar.runtimes.base import Runtime
+from polar.runtimes.registry import create_runtime, needs_image, unsandboxed_runtimes
+from polar.runtimes.snapshot import MemorySnapshot
 from polar.schemas.task import EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
+from unit.runtimes.remote_toy import ToyRemoteRuntime, registered
 
 GATEWAY = "http://127.0.0.1:9/gw"
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -26,54 +28,10 @@ FIXED = "def add(a, b):\n    return a + b\n"
 TESTS = "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 
 
-class ToyRemoteRuntime(Runtime):
-    """A stand-in for a pod or a sandbox service: the workspace is a dict held "over there",
-    commands are the service's own verbs (``write PATH TEXT``), and nothing is on the host."""
-
-    name = "toy_remote"
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.remote: dict[str, bytes] = {}
-
-    @property
-    def workspace_path(self) -> NoReturn:
-        raise AssertionError("a remote runtime has no host path; read workspace_snapshot()")
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            filesystem_isolation=True, network_isolation=True, process_isolation=True
-        )
-
-    @property
-    def running(self) -> bool:
-        return bool(self.remote)
-
-    async def start(self) -> None:
-        self.remote = {rel: text.encode() for rel, text in self.spec.files.items()}
-
-    async def stop(self) -> None:
-        self.remote.clear()
-
-    async def exec(self, command: str | list[str], **_: object) -> ExecResult:
-        verb, rel, text = command if isinstance(command, list) else command.split(" ", 2)
-        assert verb == "write"
-        self.remote[rel] = text.encode()
-        return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0, timed_out=False)
-
-    async def workspace_snapshot(self) -> WorkspaceSnapshot:
-        return MemorySnapshot(self.remote)  # what the service's listing and reads return
-
-    def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
-        raise AssertionError("nothing is launched on the host")
-
-
 @pytest.fixture
 def toy_remote() -> Iterator[None]:
-    RUNTIMES.add("toy_remote", ToyRemoteRuntime)  # the one registry line
-    yield
-    RUNTIMES.remove("toy_remote")
+    with registered():
+        yield
 
 
 async def test_an_evaluator_grades_a_remote_session_from_its_snapshot(
@@ -86,8 +44,9 @@ async def test_an_evaluator_grades_a_remote_session_from_its_snapshot(
     assert isinstance(runtime, ToyRemoteRuntime)
     await runtime.start()
     # The agent's session: it fixes the bug, and edits the test too (protected: discarded).
-    await runtime.exec(["write", "calc.py", FIXED])
-    await runtime.exec(["write", "tests/test_calc.py", "def test_add():\n    pass\n"])
+    cheat = "def test_add():\n    pass"
+    await runtime.exec(f"echo {shlex.quote(FIXED.strip())} > calc.py")
+    await runtime.exec(f"echo {shlex.quote(cheat)} > tests/test_calc.py")
 
     spec = EvaluatorSpec(
         strategy="test_on_output",
@@ -145,3 +104,19 @@ def test_a_memory_snapshot_lists_reads_and_refuses_like_a_host_tree() -> None:
         snap.read("l")
     with pytest.raises(OSError):
         snap.read("run.sh", limit=1)
+
+
+def test_a_host_path_asked_of_a_runtime_without_one_names_it(tmp_path: Path) -> None:
+    class Remote(ToyRemoteRuntime):
+        workspace_path = Runtime.workspace_path  # the interface's own answer, not the toy's
+        home_path = Runtime.home_path
+
+    runtime = Remote(RuntimeSpec(kind="toy_remote"), tmp_path / "never", "http://127.0.0.1:9")
+    for ask in (
+        lambda: runtime.workspace_path,
+        lambda: runtime.home_path,
+        lambda: runtime.host_path("a.txt"),
+    ):
+        with pytest.raises(ConfigError, match="toy_remote runtime keeps its files off this host"):
+            ask()
+    assert create_runtime(RuntimeSpec(kind="local"), tmp_path / "l", "http://x").host_files
