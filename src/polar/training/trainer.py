@@ -58,6 +58,7 @@ from polar.training.metrics import MetricsLog, plot_rewards, staleness
 from polar.training.sft import SFT_FILE, demonstrate, fine_tune
 from polar.training.tasks import task_source
 from polar.training.trainer_config import TrainConfig
+from polar.training.turn_credit import turn_reward_report
 
 log = logging.getLogger("polar.training")
 
@@ -169,10 +170,24 @@ class EmbeddedTrainer:
     def train_step(self, client: RolloutClient, control: GatewayControl) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
-        step = self.step + 1
-        tasks = self._tasks("train", step, cfg.tasks.per_step, cfg.tasks.num_samples)
+        tasks = self._tasks("train", self.step + 1, cfg.tasks.per_step, cfg.tasks.num_samples)
         results = [r for t in client.run(tasks, cfg.tasks.timeout_s) for r in t.results]
+        return self.train_on(results, control, started=started)
+
+    def train_on(
+        self,
+        results: Sequence[SessionResult],
+        control: GatewayControl,
+        *,
+        started: float | None = None,
+    ) -> dict[str, Any]:
+        """One update on finished sessions: this step's, or sessions that kept running across
+        earlier updates (their calls carry older policy versions; the builder's
+        ``max_staleness`` masked the too-stale ones and ``staleness`` reports the lag)."""
+        cfg = self.config
         rolled = time.perf_counter()
+        started = rolled if started is None else started
+        step = self.step + 1
         samples = samples_from_results(results)
         scored, report = compute_advantages(samples, cfg.algorithm.advantage)
         weights = loss_weights(scored, cfg.algorithm.loss.normalisation)
@@ -185,6 +200,7 @@ class EmbeddedTrainer:
             "policy_version": self.core.policy_version,
             **_outcomes(results),
             "staleness": lag,
+            "turn_rewards": turn_reward_report(results),
             **update,
             "advantages": report.as_dict(),
             "rollout_s": rolled - started,

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from polar.schemas.task import SessionResult
 from polar.schemas.trajectory import Trace
 from polar.training.advantages import ScoredTrace
 
@@ -48,3 +49,23 @@ def _call_rewards(trace: Trace) -> dict[str, tuple[float, tuple[int, int]]]:
         total, span = found.get(turn.completion_id, (0.0, (turn.start, turn.end)))
         found[turn.completion_id] = (total + turn.reward, span)
     return found
+
+
+def turn_reward_report(results: Iterable[SessionResult]) -> dict[str, float | int]:
+    """What the per-turn hooks said about a step's sessions: agent calls, calls scored, scored
+    calls whose summed reward is negative (with ``tool_errors``: a failed tool call) and the
+    mean summed reward of the scored ones. Reported with or without turn-level credit."""
+    calls = 0
+    rewards: list[float] = []
+    for result in results:
+        if result.trajectory is None:
+            continue
+        for trace in result.trajectory.traces:
+            calls += trace.stats.num_calls
+            rewards += [r for r, _ in _call_rewards(trace).values()]
+    return {
+        "calls": calls,
+        "scored": len(rewards),
+        "negative": sum(r < 0 for r in rewards),
+        "mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
+    }

@@ -142,6 +142,17 @@ class _Masking:
         return version is not None and version < self.current_version - self.max_staleness
 
 
+def _current_version(given: Any, calls: list[CaptureRecord]) -> int | None:
+    """The version staleness is measured against: the caller's, but never older than a call
+    the session itself sampled. A trainer stamps its version on a task when it submits it; a
+    session that then ran across two updates sampled later calls at newer versions, and
+    measuring against the submitted one would call none of its turns stale."""
+    newest = max(_versions(calls), default=None)
+    if not isinstance(given, int):
+        return newest
+    return given if newest is None else max(given, newest)
+
+
 @dataclass
 class Grouping:
     """A builder's answer: the segments in output order and any builder-level facts."""
@@ -200,9 +211,7 @@ class Builder(ABC):
             excluded = [r.completion_id for r in side]
         eot = grouping.metadata.get("eot_token_id")
         tree = session_tree(agent, eot if isinstance(eot, int) else learn_eot(agent))
-        current = (metadata or {}).get("policy_version")
-        if not isinstance(current, int):
-            current = max(_versions(calls), default=None)
+        current = _current_version((metadata or {}).get("policy_version"), calls)
         masking = _Masking(tree, current, self.config.max_staleness)
         traces = [self._trace(s, masking) for s in segments]
         _link(traces, segments, tree)

@@ -162,6 +162,22 @@ def test_staleness_defaults_to_the_sessions_newest_version_and_is_off_unless_set
     assert traj.metadata["masked_tokens"] == {"stale": 5}
 
 
+def test_staleness_is_never_measured_against_a_version_older_than_the_sessions_calls():
+    """A trainer stamps its version on the task at submission (3 here); the session then ran
+    across two updates (calls at 3, 4, 5): the first call is two versions behind, not zero."""
+    calls = across_two_updates()
+    traj = PrefixMergingBuilder({"eot_token_id": EOT, "max_staleness": 1}).build(
+        calls, metadata={"policy_version": 3}
+    )
+    assert traj.metadata["policy_version"] == 5
+    assert [(s.completion_id, s.reason) for t in traj.traces for s in t.masked] == [
+        (calls[0].completion_id, MaskReason.STALE)
+    ]
+    ahead = PerRequestBuilder({"max_staleness": 1}).build(calls, metadata={"policy_version": 7})
+    assert ahead.metadata["policy_version"] == 7  # a caller ahead of the calls is believed
+    assert ahead.metadata["masked_tokens"] == {"stale": 7}  # every call is 2+ behind 7
+
+
 @pytest.mark.parametrize("name", ["slime", "verl", "trl", "nemo_rl", "parquet", "sft", "jsonl"])
 def test_exports_carry_lineage_and_mask_reasons(name, tmp_path):
     calls = scripted_session()
