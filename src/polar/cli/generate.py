@@ -8,15 +8,21 @@ from typing import Any
 
 from rich.console import Console
 
-from polar.cli.arguments import positive_float, positive_int, quiet_model_loading, repo_path
+from polar.cli.arguments import (
+    add_engine_arguments,
+    add_harness_argument,
+    local_run_fields,
+    positive_float,
+    positive_int,
+    quiet_model_loading,
+    repo_path,
+)
 from polar.errors import ConfigError, HarnessError, RuntimeStartError
 from polar.extras import installed, require
 from polar.generation.options import GenerateOptions, default_out
 from polar.generation.run import run_generate
 from polar.generation.summary import print_summary
-from polar.harnesses.bundled import AGENT
 from polar.runtimes.registry import runtime_names
-from polar.stack.plan import DEFAULT_HARNESS
 
 _DEFAULT_ATTEMPTS = 1
 _DEFAULT_CONCURRENCY = 4
@@ -99,11 +105,7 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
 
     agent = p.add_argument_group("harness and sandbox")
-    agent.add_argument(
-        "--harness", default=DEFAULT_HARNESS, metavar="NAME",
-        help=f"a preset (pi, opencode, codex, qwen_code, gemini_cli, claude_code) or {AGENT!r}, "
-        "the bundled Python agent; installed if missing",
-    )  # fmt: skip
+    add_harness_argument(agent, "; installed if missing")
     agent.add_argument(
         "--compact-prompt", action="store_true",
         help="Pi with a one-line system prompt and two tools (for a small model)",
@@ -125,11 +127,7 @@ def add_parser(sub: Any) -> None:
         help="keep each attempt's repository copies (by default deleted once it is recorded)",
     )  # fmt: skip
 
-    engine = p.add_argument_group("engine")
-    engine.add_argument(
-        "--engine-url", default=None, metavar="URL",
-        help="a vLLM or SGLang server (default: the embedded engine serving --model)",
-    )  # fmt: skip
+    engine = add_engine_arguments(p)
     engine.add_argument(
         "--demonstrator",
         action="store_true",
@@ -137,23 +135,6 @@ def add_parser(sub: Any) -> None:
         "harness's shell tool (real CLI, real tokens; accepted data in seconds, marked "
         "scripted-demonstrator)",
     )
-    engine.add_argument("--engine-kind", default="vllm", choices=("vllm", "sglang"))
-    engine.add_argument(
-        "--served-model", default=None, metavar="NAME",
-        help="the model to ask the --engine-url server for (default: the first it lists)",
-    )  # fmt: skip
-    engine.add_argument(
-        "--tokenizer", default=None, metavar="DIR",
-        help="the served model's tokenizer (with --engine-url)",
-    )  # fmt: skip
-    engine.add_argument(
-        "--model", default="smollm2", metavar="SRC",
-        help="embedded model: smollm2, tiny, an HF dir or a .gguf",
-    )  # fmt: skip
-    engine.add_argument(
-        "--threads", type=positive_int, default=None, metavar="N",
-        help="CPU threads of the embedded engine",
-    )  # fmt: skip
 
     p.add_argument(
         "--out", type=Path, default=None, metavar="DIR",
@@ -191,21 +172,10 @@ def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         retry_errors=args.retry_errors,
         keep_workspaces=args.keep_workspaces,
-        harness=args.harness,
-        runtime=args.runtime,
         compact_prompt=args.compact_prompt,
-        timeout_s=args.timeout,
-        max_turns=args.max_turns,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        model=args.model,
-        engine_url=args.engine_url,
-        engine_kind=args.engine_kind,
-        served_model=args.served_model,
-        tokenizer=args.tokenizer,
-        threads=args.threads,
         demonstrator=args.demonstrator,
         task_options=task_options,
+        **local_run_fields(args),
     )
     # Wide enough for the acceptance table's eleven columns and a repository name.
     console = Console(width=max(Console().width, 130))

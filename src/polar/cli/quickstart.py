@@ -10,13 +10,18 @@ from typing import Any
 
 from rich.console import Console
 
-from polar.cli.arguments import positive_float, positive_int, quiet_model_loading
+from polar.cli.arguments import (
+    add_engine_arguments,
+    add_harness_argument,
+    local_run_fields,
+    positive_float,
+    positive_int,
+    quiet_model_loading,
+)
 from polar.errors import HarnessError, RuntimeStartError
 from polar.extras import installed, require
-from polar.harnesses.bundled import AGENT
 from polar.quickstart.run import QuickstartOptions, run_quickstart
 from polar.quickstart.summary import summary_table
-from polar.stack.plan import DEFAULT_HARNESS
 
 _DEFAULTS = QuickstartOptions()
 TOOL_USE_OUTPUT = "polar-train-tool-use"
@@ -71,11 +76,7 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
 
     agent = p.add_argument_group("harness and sandbox")
-    agent.add_argument(
-        "--harness", default=DEFAULT_HARNESS, metavar="NAME",
-        help=f"a preset (pi, opencode, codex, qwen_code, gemini_cli, claude_code) or {AGENT!r}, "
-        "the bundled Python agent",
-    )  # fmt: skip
+    add_harness_argument(agent)
     agent.add_argument(
         "--stock-prompt", action="store_true",
         help="run Pi with its own system prompt and four tools (~1.5k tokens; the quickstart "
@@ -86,33 +87,12 @@ def add_parser(sub: Any) -> None:
         help="bubblewrap or local (default: bubblewrap when it can sandbox here, else local)",
     )  # fmt: skip
 
-    engine = p.add_argument_group("engine")
-    engine.add_argument(
-        "--model", default=_DEFAULTS.model, metavar="SRC",
-        help="embedded model: smollm2, tiny (a random 2-layer test model), an HF dir or a .gguf",
-    )  # fmt: skip
+    engine = add_engine_arguments(p)
     engine.add_argument(
         "--trained", nargs="?", const=TOOL_USE_OUTPUT, default=None, metavar="DIR",
         help="serve the newest checkpoint of a training run instead of --model (default DIR: "
         f"{TOOL_USE_OUTPUT}, where `polar train tool_use` writes the model that learned to "
         "call Pi's tools, so sessions take several turns)",
-    )  # fmt: skip
-    engine.add_argument(
-        "--threads", type=positive_int, default=None, metavar="N",
-        help="CPU threads of the embedded engine (default: all cores but one)",
-    )  # fmt: skip
-    engine.add_argument(
-        "--engine-url", default=None, metavar="URL",
-        help="a vLLM or SGLang server to use instead of the embedded engine",
-    )  # fmt: skip
-    engine.add_argument("--engine-kind", default=_DEFAULTS.engine_kind, choices=("vllm", "sglang"))
-    engine.add_argument(
-        "--served-model", default=None, metavar="NAME",
-        help="the model to ask the --engine-url server for (default: the first it lists)",
-    )  # fmt: skip
-    engine.add_argument(
-        "--tokenizer", default=None, metavar="DIR",
-        help="the served model's tokenizer, for token text in the report (with --engine-url)",
     )  # fmt: skip
 
     p.add_argument(
@@ -158,23 +138,12 @@ def run(args: argparse.Namespace) -> int:
     options = QuickstartOptions(
         tasks=args.tasks,
         samples=args.samples,
-        max_turns=args.max_turns,
-        timeout_s=args.timeout,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        harness=args.harness,
-        runtime=args.runtime,
-        model=args.model,
-        engine_url=args.engine_url,
-        engine_kind=args.engine_kind,
-        served_model=args.served_model,
-        tokenizer=args.tokenizer,
         suite=args.suite,
         out=args.out,
         workers=args.workers,
         stock_prompt=args.stock_prompt,
-        threads=args.threads,
         dashboard=args.dashboard,
+        **local_run_fields(args),
     )
     console = Console(width=max(Console().width, 100))
     if installed("render"):
