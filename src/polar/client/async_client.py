@@ -36,6 +36,10 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 # Reads and submissions ride out a dropped connection or a restarting server for this long.
 DEFAULT_RETRY = RetryPolicy(initial_s=0.1, max_s=2.0, deadline_s=30.0)
+# While waiting for results (a wait has its own deadline), a server that answers nothing for a
+# while is more likely busy than gone: an in-process server on 2 loaded cores was seen silent for
+# over 30 s in the middle of an hour-long training run, which one unanswered read then ended.
+WAIT_RETRY = RetryPolicy(initial_s=0.1, max_s=5.0, deadline_s=300.0)
 # The server sends a keepalive every 15 s; a stream silent for longer than this is reconnected.
 STREAM_IDLE_S = 40.0
 # How often progress is re-read while sessions finish (one cheap summary per task).
@@ -153,9 +157,11 @@ class AsyncRolloutClient:
         task_id: str | None,
         after: int,
         on_connect: Callable[[], Awaitable[None]] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> AsyncIterator[RolloutEvent]:
         """Events after ``after``, resumed across drops; ``on_connect`` runs at every
         (re)connect, once the server has registered the subscription."""
+        policy = retry or self.retry
         last = after
         params = {"task_id": task_id} if task_id else {}
         timeout = httpx.Timeout(self.http.timeout.connect, read=STREAM_IDLE_S)
@@ -184,12 +190,12 @@ class AsyncRolloutClient:
                             yield event
             except (httpx.TransportError, SSEError):
                 failures += 1
-                deadline = self.retry.deadline_s
-                if deadline is not None and failures * self.retry.max_s > deadline:
+                deadline = policy.deadline_s
+                if deadline is not None and failures * policy.max_s > deadline:
                     raise RolloutError(
                         f"lost the event stream of {self.url} and could not resume it"
                     ) from None
-                await asyncio.sleep(self.retry.delay(failures - 1))
+                await asyncio.sleep(policy.delay(failures - 1))
 
     # -- waiting -------------------------------------------------------------------------
 
@@ -223,7 +229,12 @@ class AsyncRolloutClient:
 
     # -- internals -----------------------------------------------------------------------
 
-    async def _get(self, path: str, model: type[ModelT] | TypeAdapter[Any]) -> Any:
+    async def _get(
+        self,
+        path: str,
+        model: type[ModelT] | TypeAdapter[Any],
+        retry: RetryPolicy | None = None,
+    ) -> Any:
         answer: httpx.Response | None = None
 
         async def attempt() -> Outcome:
@@ -231,7 +242,7 @@ class AsyncRolloutClient:
             answer = await self.http.get(path)
             return outcome_of(answer)
 
-        outcome = await deliver(attempt, self.retry, what=f"GET {path}")
+        outcome = await deliver(attempt, retry or self.retry, what=f"GET {path}")
         if outcome is not Outcome.DELIVERED or answer is None:
             raise _refusal(answer, f"reading {path}", self.url)
         if isinstance(model, TypeAdapter):
@@ -246,6 +257,7 @@ class _Waiter:
 
     def __init__(self, client: AsyncRolloutClient, task_ids: list[str], progress: Progress | None):
         self.client = client
+        self.retry = _patient(client.retry)
         self.pending = set(task_ids)
         self.done: dict[str, TaskResult] = {}
         self.progress = progress
@@ -257,7 +269,7 @@ class _Waiter:
     async def run(self) -> None:
         if not self.pending:
             return
-        stream = self.client._stream(None, 0, self.settle)
+        stream = self.client._stream(None, 0, self.settle, self.retry)
         try:
             async for event in stream:
                 task_id = event.task_id
@@ -288,7 +300,7 @@ class _Waiter:
             return
         self.refreshed_at = time.monotonic()
         for task_id in sorted(self.dirty & self.pending):
-            summary = await self.client.summary(task_id)
+            summary = await self.client._get(f"/tasks/{task_id}/summary", TaskSummary, self.retry)
             self.finished[task_id] = summary.finished_sessions
             if summary.status.final:
                 await self.complete(task_id)
@@ -296,7 +308,7 @@ class _Waiter:
         self.report()
 
     async def complete(self, task_id: str) -> None:
-        result = await self.client.result(task_id)
+        result = await self.client._get(f"/tasks/{task_id}", TaskResult, self.retry)
         self.done[task_id] = result
         self.pending.discard(task_id)
         self.finished[task_id] = len(result.results)
@@ -307,6 +319,13 @@ class _Waiter:
         if self.progress is not None and total > self.reported:
             self.reported = total
             self.progress(total)
+
+
+def _patient(policy: RetryPolicy) -> RetryPolicy:
+    """The client's policy, or :data:`WAIT_RETRY` where that waits longer."""
+    if policy.deadline_s is None or policy.deadline_s >= (WAIT_RETRY.deadline_s or 0):
+        return policy
+    return WAIT_RETRY
 
 
 class _AllDone(Exception):

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -137,6 +138,46 @@ def test_closing_with_a_wait_still_running_leaves_no_pending_task(tmp_path: Path
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "cancelled"
     assert "Task was destroyed" not in run.stderr, run.stderr
+
+
+class StallOnce:
+    """ASGI wrapper: the first summary read blocks the server's event loop for ``stall_s``, as
+    an in-process server on loaded cores was seen to (silent for over 30 s mid-run)."""
+
+    def __init__(self, app: Any, stall_s: float) -> None:
+        self.app = app
+        self.stall_s = stall_s
+        self.stalled = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/summary") and not self.stalled:
+            self.stalled = True
+            time.sleep(self.stall_s)  # blocks the loop: every request waits, none is answered
+        await self.app(scope, receive, send)
+
+
+def test_a_wait_rides_out_a_server_silent_for_longer_than_a_read_may_take(
+    tmp_path: Path,
+) -> None:
+    """A plain read gives up at the client's deadline; a wait, which has a deadline of its own,
+    keeps trying (up to WAIT_RETRY's) instead of ending an hour-long run on one silent spell."""
+    config = RolloutServerConfig(data_dir=tmp_path / "data", admin_token=TOKEN)
+    impatient = RetryPolicy(initial_s=0.05, max_s=0.1, deadline_s=0.5)
+    stall = StallOnce(create_rollout_app(config), stall_s=2.0)
+    with (
+        BackgroundServer(stall) as server,
+        RolloutClient(server.url, token=TOKEN, timeout_s=0.3, retry=impatient) as client,
+    ):
+        client.submit(task("busy", n=2))
+        node = threading.Thread(target=finish, args=(server.url, "busy"))
+        node.start()
+        done = client.wait(["busy"], timeout_s=30)
+        node.join()
+        assert stall.stalled
+        assert [r.reward for r in done["busy"].results] == [1.0, 1.0]
+        stall.stalled = False  # the same silence on a plain read is an error, soon
+        with pytest.raises(RolloutError, match="cannot reach"):
+            client.summary("busy")
 
 
 def test_views_are_typed_and_a_wrong_token_is_a_clear_error(server: BackgroundServer) -> None:
