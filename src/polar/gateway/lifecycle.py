@@ -13,8 +13,9 @@ most ``ready_buffer`` runtimes are being prepared or waiting prepared. With ``re
 there is no buffer: a run worker does INIT itself (the baseline the benchmark compares against).
 
 One time budget per session starts when INIT starts. What each stage does lives in
-:mod:`polar.gateway.session_work`; this module only moves sessions between stages, keeps their
-status and timings, enforces the budget, and cancels. Every stage runs as its own asyncio task,
+:mod:`polar.gateway.session_work`, and each session's record (place, timings, what a stage's
+ending means) in :mod:`polar.gateway.node_session`; this module only moves sessions between
+stages, enforces the budget, and cancels. Every stage runs as its own asyncio task,
 so cancelling a session (or its budget running out) never disturbs the worker that runs it.
 
 Every move is a log event with the session, task and node ids (``session.accepted``,
@@ -30,203 +31,43 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from polar.errors import AlreadyRan, NodeDraining, NodeFull
 from polar.gateway.config import NodeConfig
 from polar.gateway.executors import node_evaluator_pool, route_default_executor
-from polar.logs import log_event
-from polar.schemas.node import (
-    NodeSessionInfo,
-    NodeStatus,
-    SessionDispatch,
-    StageCounts,
-    Workers,
+from polar.gateway.node_session import (
+    BUDGET_EXHAUSTED,
+    CANCELLED,
+    CANCELLED_FAILURE,
+    UNSPECIFIED,
+    NodeSession,
+    Place,
+    RunOutcome,
+    SessionWork,
+    WorkFactory,
+    log,
 )
-from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, settle_failure
+from polar.schemas.node import NodeStatus, SessionDispatch, StageCounts, Workers
+from polar.schemas.task import SessionResult, SessionStatus, settle_failure
 from polar.schemas.trajectory import Trajectory
 
-log = logging.getLogger("polar.gateway.lifecycle")
+__all__ = [
+    "CANCELLED",
+    "AlreadyRan",
+    "Lifecycle",
+    "NodeDraining",
+    "NodeFull",
+    "NodeSession",
+    "Place",
+    "RunOutcome",
+    "SessionWork",
+    "WorkFactory",
+]
 
-CANCELLED = "cancelled"
-# Why a session did not complete, for trainers (SessionResult.failure): the stage decides.
-CANCELLED_FAILURE = SessionFailure(kind="infra", reason=CANCELLED)
-_STAGE_FAILURES = {
-    "init": SessionFailure(kind="infra", reason="runtime_start_failed"),
-    "run": SessionFailure(kind="agent", reason="harness_failed"),
-}
-BUDGET_EXHAUSTED = SessionFailure(kind="timeout", reason="budget_exhausted")
-POSTRUN_FAILED = SessionFailure(kind="infra", reason="postrun_failed")
-# POST-RUN past the evaluator's timeout_seconds: the grader's fault while it grades, else ours.
-EVALUATOR_TIMEOUT = SessionFailure(kind="evaluator", reason="evaluator_timeout")
-POSTRUN_TIMEOUT = SessionFailure(kind="infra", reason="postrun_timeout")
 # How long a cancelled stage, or a teardown, may take before its worker moves on without it:
 # a host read blocked in a thread cannot be cancelled and must not hold a worker slot.
 RELEASE_GRACE_S = 10.0
-# A work whose ERROR result names no failure (a custom SessionWork): scored as the agent's.
-UNSPECIFIED = SessionFailure(kind="agent", reason="unspecified")
-
-
-class SessionWork(Protocol):
-    """The stage bodies for one session (see :mod:`polar.gateway.session_work`)."""
-
-    async def init(self) -> None:
-        """Start the runtime and run the prepare steps."""
-
-    async def run(self, budget_s: float) -> None:
-        """Run the harness within ``budget_s`` seconds; raise if it failed."""
-
-    async def postrun(self, outcome: RunOutcome) -> SessionResult:
-        """Build the trajectory, evaluate, tear down."""
-
-    async def abort(self) -> None:
-        """Release whatever was started (the runtime), quickly; safe to call at any point."""
-
-    # Optional: ``built``, the trajectory once POST-RUN has built it. A POST-RUN that fails or
-    # runs past its bound after that (a wedged evaluator) still returns it, with no reward.
-
-
-WorkFactory = Callable[["NodeSession"], SessionWork]
-
-
-class Place(StrEnum):
-    """Where a session can wait or work (the values name the fields of StageCounts)."""
-
-    QUEUED = "queued"
-    INITIALIZING = "initializing"
-    READY = "ready"
-    RUNNING = "running"
-    POSTRUN_QUEUED = "postrun_queued"
-    POSTRUN = "postrun"
-
-    @property
-    def timing_key(self) -> str:
-        """The SessionResult.timing key this place's seconds are booked to."""
-        return _TIMING_KEYS[self]
-
-
-_TIMING_KEYS = {
-    Place.QUEUED: "queued",
-    Place.INITIALIZING: "init",
-    Place.READY: "ready_wait",
-    Place.RUNNING: "run",
-    Place.POSTRUN_QUEUED: "postrun_wait",
-    Place.POSTRUN: "postrun",
-}
-
-
-@dataclass
-class RunOutcome:
-    """How the session left the run path; POSTRUN may still turn COMPLETED into ERROR."""
-
-    status: SessionStatus = SessionStatus.COMPLETED
-    error: str | None = None
-    failure: SessionFailure | None = None
-    reached_run: bool = False
-    cancelled: bool = False
-
-
-@dataclass
-class NodeSession:
-    """One dispatched session as this node tracks it."""
-
-    dispatch: SessionDispatch
-    node_id: str
-    status: SessionStatus = SessionStatus.REGISTERED
-    place: Place = Place.QUEUED
-    accepted_at: float = field(default_factory=time.monotonic)
-    stage_started_at: float = field(default_factory=time.time)
-    deadline: float | None = None
-    timing: dict[str, float] = field(default_factory=dict)
-    outcome: RunOutcome = field(default_factory=RunOutcome)
-    result: SessionResult | None = None
-    work: SessionWork | None = None
-    stage_task: asyncio.Task[Any] | None = None
-    closing: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    _since: float = field(default_factory=time.monotonic)
-
-    @property
-    def session_id(self) -> str:
-        return self.dispatch.session_id
-
-    @property
-    def task_id(self) -> str:
-        return self.dispatch.task.task_id
-
-    @property
-    def finished(self) -> bool:
-        return self.result is not None
-
-    @property
-    def skip(self) -> bool:
-        """Finished, or being finished outside the pools (cancelled while queued)."""
-        return self.closing or self.finished
-
-    @property
-    def seconds_in_place(self) -> float:
-        """How long the session has been where it is, not yet booked to its timing."""
-        return time.monotonic() - self._since
-
-    def move(self, place: Place, status: SessionStatus) -> None:
-        """Go to ``place``; the seconds spent in the previous place are booked to its timing."""
-        self._book()
-        self.place = place
-        self.set_status(status)
-
-    def set_status(self, status: SessionStatus) -> None:
-        """A finer status within the same place (BUILDING, EVALUATING during post-run)."""
-        self.status = status
-        self.stage_started_at = time.time()
-
-    def close_timing(self) -> None:
-        """Book the current place's seconds and the session's total, as it finishes."""
-        self._book()
-        self.timing["total"] = round(time.monotonic() - self.accepted_at, 6)
-
-    def _book(self) -> None:
-        now = time.monotonic()
-        key = self.place.timing_key
-        self.timing[key] = round(self.timing.get(key, 0.0) + now - self._since, 6)
-        self._since = now
-
-    def remaining(self) -> float:
-        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
-
-    def log(
-        self,
-        event: str,
-        message: str,
-        *,
-        level: int = logging.INFO,
-        logger: logging.Logger = log,
-        **fields: Any,
-    ) -> None:
-        """A log event about this session, with its session, task and node ids."""
-        log_event(
-            logger,
-            event,
-            message,
-            level=level,
-            session_id=self.session_id,
-            task_id=self.task_id,
-            node_id=self.node_id,
-            **fields,
-        )
-
-    def info(self) -> NodeSessionInfo:
-        return NodeSessionInfo(
-            session_id=self.session_id,
-            task_id=self.task_id,
-            node_id=self.node_id,
-            status=self.status,
-            stage_started_at=self.stage_started_at,
-            timing=dict(self.timing),
-            cancelled=self.outcome.cancelled,
-            error=self.result.error if self.result else self.outcome.error,
-        )
 
 
 class Lifecycle:
@@ -436,35 +277,11 @@ class Lifecycle:
             with node_evaluator_pool(self._evaluator_threads):
                 result = await self._stage(session, work.postrun(session.outcome), bound)
             if not isinstance(result, SessionResult):
-                self._fail_postrun(session, result, bound)
+                session.record_postrun_failure(result, bound)
                 await self._released(work.abort())
                 built: Trajectory | None = getattr(work, "built", None)
-                result = self._bare_result(session).model_copy(update={"trajectory": built})
+                result = session.bare_result().model_copy(update={"trajectory": built})
             await self._finish(session, result)
-
-    def _fail_postrun(self, session: NodeSession, failure: Any, bound: float) -> None:
-        """POST-RUN raised or ran past ``bound``: the session ends ERROR with the reason."""
-        outcome = session.outcome
-        if outcome.cancelled:
-            return
-        if isinstance(failure, TimeoutError):
-            evaluating = session.status == SessionStatus.EVALUATING
-            what = "evaluating" if evaluating else f"post-run ({session.status.value})"
-            outcome.error = f"{what} ran past the evaluator's timeout_seconds of {bound:g}s"
-            outcome.failure = EVALUATOR_TIMEOUT if evaluating else POSTRUN_TIMEOUT
-            event = "session.postrun.timeout"
-        else:
-            outcome.error = f"post-run failed: {failure!r}"
-            outcome.failure = POSTRUN_FAILED
-            event = "session.postrun.failed"
-        outcome.status = SessionStatus.ERROR
-        session.log(
-            event,
-            f"post-run of session {session.session_id}: {outcome.error}",
-            level=logging.WARNING,
-            exc_info=failure if not isinstance(failure, TimeoutError | None) else None,
-            error=outcome.error,
-        )
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -478,10 +295,10 @@ class Lifecycle:
         assert work is not None
         failure = await self._stage(session, work.init(), budget_s=session.remaining())
         if failure is None and not session.outcome.cancelled:
-            self._log_stage_end(session, "init", None)
+            session.log_stage_end("init", None)
             return True
-        self._fail(session, failure, stage="init")
-        self._log_stage_end(session, "init", failure)
+        session.record_stage_failure(failure, stage="init")
+        session.log_stage_end("init", failure)
         self._to_postrun(session)
         return False
 
@@ -514,8 +331,8 @@ class Lifecycle:
         )
         failure = await self._stage(session, work.run(budget), budget_s=budget)
         if failure is not None:
-            self._fail(session, failure, stage="run")
-        self._log_stage_end(session, "run", failure)
+            session.record_stage_failure(failure, stage="run")
+        session.log_stage_end("run", failure)
         self._to_postrun(session)
 
     async def _stage(
@@ -538,44 +355,6 @@ class Lifecycle:
         finally:
             session.stage_task = None
 
-    def _fail(self, session: NodeSession, failure: Any, stage: str) -> None:
-        outcome = session.outcome
-        if outcome.cancelled:
-            return
-        own = getattr(failure, "failure", None)  # an exception that knows its kind
-        if isinstance(failure, TimeoutError) and isinstance(own, SessionFailure):
-            outcome.status = SessionStatus.TIMEOUT
-            outcome.error = str(failure)
-            outcome.failure = own
-        elif isinstance(failure, TimeoutError):
-            outcome.status = SessionStatus.TIMEOUT
-            budget = session.dispatch.task.timeout_seconds
-            outcome.error = f"the session budget of {budget:g}s ran out during {stage}"
-            outcome.failure = BUDGET_EXHAUSTED
-        else:
-            outcome.status = SessionStatus.ERROR
-            outcome.error = f"{stage} failed: {failure}"
-            outcome.failure = _STAGE_FAILURES[stage]
-
-    @staticmethod
-    def _log_stage_end(session: NodeSession, stage: str, failure: Any) -> None:
-        """``session.<stage>.end``: how long the stage took and how it ended (``outcome`` ok,
-        timeout, error or cancelled; the ``error`` when it failed)."""
-        outcome = session.outcome
-        if outcome.cancelled:
-            ended = "cancelled"
-        elif failure is None:
-            ended = "ok"
-        else:
-            ended = "timeout" if isinstance(failure, TimeoutError) else "error"
-        session.log(
-            f"session.{stage}.end",
-            f"session {session.session_id} {stage}: {ended}",
-            seconds=round(session.seconds_in_place, 3),
-            outcome=ended,
-            error=outcome.error if ended != "ok" else None,
-        )
-
     def _to_postrun(self, session: NodeSession) -> None:
         session.move(Place.POSTRUN_QUEUED, SessionStatus.POST_RUN)
         self._post_q.put_nowait(session)
@@ -585,7 +364,7 @@ class Lifecycle:
     async def _finish_cancelled(self, session: NodeSession) -> None:
         if session.work is not None:
             await self._released(session.work.abort())
-        await self._finish(session, self._bare_result(session))
+        await self._finish(session, session.bare_result())
 
     @staticmethod
     async def _released(work: Awaitable[Any]) -> None:
@@ -599,17 +378,6 @@ class Lifecycle:
                 "a stage or teardown outlived its grace of %gs; left behind", RELEASE_GRACE_S
             )
         task.add_done_callback(_retrieve)
-
-    def _bare_result(self, session: NodeSession) -> SessionResult:
-        return SessionResult(
-            session_id=session.session_id,
-            task_id=session.task_id,
-            status=session.outcome.status,
-            node_id=session.node_id,
-            error=session.outcome.error,
-            failure=session.outcome.failure,
-            sample_index=session.dispatch.sample_index,
-        )
 
     async def _finish(self, session: NodeSession, result: SessionResult) -> None:
         if session.finished:
