@@ -170,4 +170,10 @@ def test_a_session_across_two_weight_updates_is_masked_and_reported(tmp_path: Pa
     assert record["trainable_tokens"] == trainable > 0
     assert record["trained_tokens"] == trainable
     assert read_jsonl(out / "metrics.jsonl")[-1]["staleness"] == record["staleness"]
-    assert record["turn_rewards"] == {"calls": 6, "scored": 0, "negative": 0, "mean": 0.0}
+    assert record["turn_rewards"] == {
+        "calls": 6,
+        "scored": 0,
+        "negative": 0,
+        "mean": 0.0,
+        "sessions_unscored": 2,
+    }

@@ -300,6 +300,7 @@ class EmbeddedTrainer:
             "policy_version": self.core.policy_version,
             **_outcomes(results),
             **_by_kind(results, kinds),
+            "turn_rewards": turn_reward_report(results),
             "eval_s": time.perf_counter() - started,
             "examples": _examples(results, 4),
         }

@@ -52,20 +52,24 @@ def _call_rewards(trace: Trace) -> dict[str, tuple[float, tuple[int, int]]]:
 
 
 def turn_reward_report(results: Iterable[SessionResult]) -> dict[str, float | int]:
-    """What the per-turn hooks said about a step's sessions: agent calls, calls scored, scored
-    calls whose summed reward is negative (with ``tool_errors``: a failed tool call) and the
-    mean summed reward of the scored ones. Reported with or without turn-level credit."""
-    calls = 0
+    """What the per-turn hooks said about some sessions: agent calls, calls scored, scored
+    calls whose summed reward is negative (with ``tool_errors``: a failed tool call), the mean
+    summed reward of the scored ones, and sessions with no scored call at all (with
+    ``tool_errors``: no tool call; such a session escapes every turn penalty, the shortcut a
+    turn-level penalty invites). Reported with or without turn-level credit."""
+    calls = unscored = 0
     rewards: list[float] = []
     for result in results:
         if result.trajectory is None:
             continue
-        for trace in result.trajectory.traces:
-            calls += trace.stats.num_calls
-            rewards += [r for r, _ in _call_rewards(trace).values()]
+        found = [r for t in result.trajectory.traces for r, _ in _call_rewards(t).values()]
+        calls += sum(t.stats.num_calls for t in result.trajectory.traces)
+        unscored += not found
+        rewards += found
     return {
         "calls": calls,
         "scored": len(rewards),
         "negative": sum(r < 0 for r in rewards),
         "mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
+        "sessions_unscored": unscored,
     }

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polar.schemas.trajectory import Trace, TurnReward
+from polar.schemas.task import SessionResult
+from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus, TurnReward
 from polar.training.advantages import SessionSample, compute_advantages
 from polar.training.batch import make_batch
 from polar.training.config import AdvantageConfig
+from polar.training.turn_credit import turn_reward_report
 
 
 def trace(turns: list[tuple[int, int, float]], n: int = 6) -> Trace:
@@ -46,7 +48,7 @@ def test_turn_rewards_are_centred_on_the_group_and_weighted():
     )
     assert b.token_bonus == pytest.approx([0.5 * (0 - baseline)] * 2 + [0.0] * 4)
     batch = make_batch([a, b], [1.0, 1.0])
-    assert batch.advantages.shape == (2, 6)
+    assert batch.advantages.shape == (2, 6) and a.token_bonus is not None
     assert torch.allclose(
         batch.advantages[0], torch.tensor([0.5 + x for x in a.token_bonus], dtype=torch.float32)
     )
@@ -67,3 +69,21 @@ def test_the_tool_use_source_passes_turn_reward_hooks_to_its_tasks():
     assert [spec.strategy for spec in task.turn_rewards] == ["tool_errors"]
     (plain,) = tool_use("train", 1, 1, runtime="local")
     assert plain.turn_rewards == []
+
+
+def test_the_step_report_counts_scored_failed_and_unscored():
+    def result(sid: str, *traces: Trace) -> SessionResult:
+        traj = Trajectory(status=TrajectoryStatus.COMPLETED, traces=list(traces))
+        return SessionResult(session_id=sid, task_id="t", status="COMPLETED", trajectory=traj)
+
+    a, b = group()
+    report = turn_reward_report(
+        [result("a", *a.traces), result("b", *b.traces), result("c", trace([]))]
+    )
+    assert report == {
+        "calls": 3,  # one trace of one call each
+        "scored": 3,
+        "negative": 1,
+        "mean": pytest.approx(-1 / 3),
+        "sessions_unscored": 1,
+    }
