@@ -6,19 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from polar.cli.arguments import (
+from polar.cli.arguments import positive_float, positive_int, repo_path
+from polar.cli.local_run import (
     add_engine_arguments,
     add_harness_argument,
     local_run_fields,
-    positive_float,
-    positive_int,
-    quiet_model_loading,
-    repo_path,
+    run_console,
+    run_reporting,
 )
-from polar.errors import ConfigError, HarnessError, RuntimeStartError
-from polar.extras import installed, require
+from polar.errors import ConfigError
+from polar.extras import require
 from polar.generation.options import GenerateOptions, default_out
 from polar.generation.run import run_generate
 from polar.generation.summary import print_summary
@@ -178,16 +175,10 @@ def run(args: argparse.Namespace) -> int:
         **local_run_fields(args),
     )
     # Wide enough for the acceptance table's eleven columns and a repository name.
-    console = Console(width=max(Console().width, 130))
-    if not args.engine_url and not args.demonstrator and installed("render"):
-        quiet_model_loading()
-    if not installed("parquet"):
-        note = "note: no dataset.parquet without pyarrow: pip install 'polar[parquet]'"
-        console.print(note, style="dim", markup=False)
-    try:
-        outcome = run_generate(options, console)
-    except (HarnessError, RuntimeStartError) as exc:
-        console.print(f"polar: error: {exc}", markup=False)
+    loads_model = not args.engine_url and not args.demonstrator
+    console = run_console(130, loads_model=loads_model, parquet_file="dataset.parquet")
+    outcome = run_reporting(lambda: run_generate(options, console), console)
+    if outcome is None:
         return 1
     print_summary(outcome, console)
     return 130 if outcome.interrupted else 0

@@ -8,18 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from polar.cli.arguments import (
+from polar.cli.arguments import positive_float, positive_int
+from polar.cli.local_run import (
     add_engine_arguments,
     add_harness_argument,
     local_run_fields,
-    positive_float,
-    positive_int,
-    quiet_model_loading,
+    run_console,
+    run_reporting,
 )
-from polar.errors import HarnessError, RuntimeStartError
-from polar.extras import installed, require
+from polar.extras import require
 from polar.quickstart.run import QuickstartOptions, run_quickstart
 from polar.quickstart.summary import summary_table
 
@@ -145,16 +142,9 @@ def run(args: argparse.Namespace) -> int:
         dashboard=args.dashboard,
         **local_run_fields(args),
     )
-    console = Console(width=max(Console().width, 100))
-    if installed("render"):
-        quiet_model_loading()
-    if not installed("parquet"):
-        note = "note: no trajectories.parquet without pyarrow: pip install 'polar[parquet]'"
-        console.print(note, style="dim", markup=False)
-    try:
-        outcome = run_quickstart(options, console)
-    except (HarnessError, RuntimeStartError) as exc:
-        console.print(f"polar: error: {exc}", markup=False)
+    console = run_console(100, loads_model=True, parquet_file="trajectories.parquet")
+    outcome = run_reporting(lambda: run_quickstart(options, console), console)
+    if outcome is None:
         return 1
     console.print(summary_table(outcome.summary))
     console.print(f"run directory  {outcome.run_dir}")
