@@ -125,6 +125,13 @@ class ConfigFileSettings(HarnessSettings):
         default_factory=dict, description="Merged over the generated config file."
     )
 
+    def config_file(self, config: dict[str, Any], mcp_key: str) -> dict[str, Any]:
+        """The CLI's config file: the preset's ``config``, the MCP servers under the CLI's own
+        ``mcp_key``, and the user's ``config`` merged over both."""
+        if self.mcp_servers:
+            config = {**config, mcp_key: self.mcp_servers}
+        return deep_merge(config, self.config)
+
 
 class Harness(ABC):
     """One agent CLI: how to launch it against a session, and how to spot its side calls."""

@@ -21,7 +21,6 @@ from polar.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     ShellTool,
-    deep_merge,
 )
 
 _PROVIDER = "polar"
@@ -86,9 +85,7 @@ def codex_config(ctx: HarnessContext, settings: CodexSettings) -> dict[str, Any]
             "wire_api": "responses",
         }
     }
-    if settings.mcp_servers:
-        config["mcp_servers"] = settings.mcp_servers
-    return deep_merge(config, settings.config)
+    return settings.config_file(config, "mcp_servers")
 
 
 def toml_text(data: Mapping[str, Any]) -> str:

@@ -21,7 +21,6 @@ from polar.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     ShellTool,
-    deep_merge,
     system_text,
 )
 from polar.providers.types import NormalizedRequest
@@ -72,13 +71,8 @@ class GeminiCli(Harness):
             "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
             "model": model,
         }
-        if settings.mcp_servers:
-            config["mcpServers"] = settings.mcp_servers
-        files = {
-            ctx.home_path(".gemini", "settings.json"): json.dumps(
-                deep_merge(config, settings.config), indent=2
-            )
-        }
+        merged = settings.config_file(config, "mcpServers")
+        files = {ctx.home_path(".gemini", "settings.json"): json.dumps(merged, indent=2)}
         return HarnessLaunch(
             argv=argv, env=self.environment(ctx, own), files=files, cwd=ctx.workdir
         )

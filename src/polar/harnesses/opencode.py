@@ -23,7 +23,6 @@ from polar.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     ShellTool,
-    deep_merge,
     system_text,
 )
 from polar.providers.types import NormalizedRequest
@@ -97,6 +96,4 @@ def opencode_config(ctx: HarnessContext, settings: OpencodeSettings) -> dict[str
         "autoupdate": False,
         "share": "disabled",
     }
-    if settings.mcp_servers:
-        config["mcp"] = settings.mcp_servers
-    return deep_merge(config, settings.config)
+    return settings.config_file(config, "mcp")

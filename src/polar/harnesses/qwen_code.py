@@ -19,7 +19,6 @@ from polar.harnesses.base import (
     HarnessContext,
     HarnessLaunch,
     ShellTool,
-    deep_merge,
     system_text,
 )
 from polar.providers.types import NormalizedRequest
@@ -65,13 +64,8 @@ class QwenCode(Harness):
             "general": {"enableAutoUpdate": False},
             "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
         }
-        if settings.mcp_servers:
-            config["mcpServers"] = settings.mcp_servers
-        files = {
-            ctx.home_path(".qwen", "settings.json"): json.dumps(
-                deep_merge(config, settings.config), indent=2
-            )
-        }
+        merged = settings.config_file(config, "mcpServers")
+        files = {ctx.home_path(".qwen", "settings.json"): json.dumps(merged, indent=2)}
         return HarnessLaunch(
             argv=argv, env=self.environment(ctx, own), files=files, cwd=ctx.workdir
         )
