@@ -28,6 +28,7 @@ def _missing(name: str) -> str | None:
         "ray_nodes": [ray, bwrap],  # a real local Ray cluster, shell sessions in bubblewrap
         "swe_workspaces": [bwrap],
         "tool_use": [pi, bwrap],  # the tool_use recipe runs real Pi in bubblewrap
+        "turn_credit": [pi, bwrap],  # the tool_use recipe, twice from one warm start
         "quickstart": [pi],  # bubblewrap when present, else the local runtime
     }
     return next((why for why in needs.get(name, []) if why), None)

@@ -1,0 +1,225 @@
+"""Per-turn credit benchmark: does turn-level credit from a tool-error verifier change what GRPO
+learns, against session reward alone, on the same seeds?
+
+The setup is the ``tool_use`` recipe (SmolLM2-135M-Instruct on the embedded engine, real Pi in
+bubblewrap, workspace chores checked by a command): sessions of several bash tool calls, some of
+which fail (a wrong file name, a bad command), while the session reward is the final check
+only, so a failed call in a session that still passed is invisible to session credit. Every
+task carries the ``tool_errors`` hook in both arms (the verifier scores each tool-calling turn:
+-1 when its result reports a failure, else 0), so both arms report the same measures; only
+``advantage.turn_reward_weight`` differs: 0 (session credit) against ``--weight`` (turn credit).
+
+Per seed, one warm start (scripted demonstrations through Pi, then SFT) is shared by the two
+arms: its checkpoint seeds both, so they start from the same weights and differ only in credit.
+Each arm then evaluates the held-out chores, runs the GRPO steps and evaluates again.
+
+    python bench/turn_credit.py --seeds 0 1 --threads 1 --out bench-results/turn-credit
+    python bench/turn_credit.py --smoke        # tiny model, one step of each arm (CI)
+    python bench/turn_credit.py --seeds 0 1 --report-only --out bench-results/turn-credit
+
+Writes ``<out>/summary.json`` and every run's files under ``<out>/seed-N/{warm,w0,wX}/``, and
+prints a Markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from polar.cli.train import load_config
+from polar.training.metrics import read_jsonl
+from polar.training.trainer import EmbeddedTrainer
+from polar.training.trainer_config import TrainConfig
+
+HOOKS = [{"strategy": "tool_errors"}]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--weight", type=float, default=0.5, help="turn_reward_weight of arm 2")
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per arm")
+    parser.add_argument("--per-step", type=int, default=3, help="chores (groups) per step")
+    parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
+    parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
+    parser.add_argument("--sft-tasks", type=int, default=16, help="demonstrated chores")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--out", default="bench-results/turn-credit")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step per arm (CI)")
+    parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
+    args = parser.parse_args()
+    model = "smollm2"
+    if args.smoke:
+        model, args.seeds, args.steps, args.per_step, args.samples = "tiny", [0], 1, 1, 2
+        args.eval_tasks, args.sft_tasks = 1, 2
+        args.out = tempfile.mkdtemp(prefix="polar-bench-turn-credit-")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = {"w0": 0.0, f"w{args.weight:g}": args.weight}
+    runs = []
+    for seed in args.seeds:
+        base = config(args, model, seed)
+        warm_dir = out / f"seed-{seed}" / "warm"
+        if not args.report_only:
+            started = time.perf_counter()
+            no_eval = base.eval.model_copy(update={"tasks": 0})
+            warm = base.model_copy(update={"steps": 0, "output_dir": warm_dir, "eval": no_eval})
+            EmbeddedTrainer(warm, echo=print).run(resume=False)
+            write_wall(warm_dir, time.perf_counter() - started)
+        for name, weight in arms.items():
+            arm_dir = out / f"seed-{seed}" / name
+            if not args.report_only:
+                run_arm(base, weight, warm_dir, arm_dir)
+            runs.append({"seed": seed, "arm": name, "weight": weight, **arm_record(arm_dir)})
+            print(json.dumps(runs[-1]["summary"]), flush=True)
+    report = {"args": vars(args), "runs": runs, "arms": summarise(runs, list(arms))}
+    (out / "summary.json").write_text(json.dumps(report, indent=2))
+    print(markdown(report))
+
+
+def config(args: argparse.Namespace, model: str, seed: int) -> TrainConfig:
+    """The tool_use recipe with both arms' hooks, this bench's sizes and one seed."""
+    base = load_config("tool_use")
+    options = {**base.tasks.options, "turn_rewards": HOOKS}
+    return base.model_copy(
+        update={
+            "model": model,
+            "seed": seed,
+            "steps": args.steps,
+            "threads": args.threads,
+            "tensorboard": False,
+            "tasks": base.tasks.model_copy(
+                update={"options": options, "per_step": args.per_step, "num_samples": args.samples}
+            ),
+            "eval": base.eval.model_copy(update={"tasks": args.eval_tasks, "every": 0}),
+            "sft": base.sft.model_copy(update={"tasks": args.sft_tasks}),
+        }
+    )
+
+
+def run_arm(base: TrainConfig, weight: float, warm_dir: Path, arm_dir: Path) -> None:
+    """GRPO from the warm start's checkpoint (no second warm start), evaluated before/after."""
+    shutil.rmtree(arm_dir, ignore_errors=True)
+    shutil.copytree(warm_dir / "checkpoints", arm_dir / "checkpoints")
+    advantage = base.algorithm.advantage.model_copy(update={"turn_reward_weight": weight})
+    cfg = base.model_copy(
+        update={
+            "output_dir": arm_dir,
+            "sft": base.sft.model_copy(update={"tasks": 0}),
+            "algorithm": base.algorithm.model_copy(update={"advantage": advantage}),
+        }
+    )
+    started = time.perf_counter()
+    EmbeddedTrainer(cfg, echo=print).run(resume=True)
+    write_wall(arm_dir, time.perf_counter() - started)
+
+
+def write_wall(path: Path, seconds: float) -> None:
+    (path / "wall_s.json").write_text(json.dumps({"wall_s": round(seconds, 1)}))
+
+
+def arm_record(out: Path) -> dict[str, Any]:
+    """One arm's numbers: held-out before/after, each training step, and the summary."""
+    train = read_jsonl(out / "metrics.jsonl")
+    evals = read_jsonl(out / "eval.jsonl")
+    before = shape(evals[0]) if evals else None
+    after = shape(evals[-1]) if len(evals) > 1 else None
+    steps = [shape(r) for r in train]
+    trained = pooled(train)
+    return {
+        "before": before,
+        "after": after,
+        "steps": steps,
+        "run_s": json.loads((out / "wall_s.json").read_text())["wall_s"],
+        "summary": {
+            "arm": out.name,
+            "seed": out.parent.name,
+            "before_pass": before and before["pass_rate"],
+            "after_pass": after and after["pass_rate"],
+            **{f"train_{k}": v for k, v in trained.items()},
+            "after_error_rate": after and after["tool_error_rate"],
+            "after_calls_per_session": after and after["calls_per_session"],
+        },
+    }
+
+
+def shape(record: dict[str, Any]) -> dict[str, Any]:
+    turns = record.get("turn_rewards") or {}
+    scored = turns.get("scored", 0)
+    return {
+        "sessions": record["sessions"],
+        "pass_rate": round(record["pass_rate"], 4),
+        "calls_per_session": round(record["calls_per_session"], 3),
+        "tool_calls": scored,
+        "failed_tool_calls": turns.get("negative", 0),
+        "tool_error_rate": round(turns.get("negative", 0) / scored, 4) if scored else None,
+        "no_tool_sessions": turns.get("sessions_unscored", 0),
+        "merge_breaks": record["merge_breaks"],
+    }
+
+
+def pooled(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Training sessions of every step together (steps 2.. only: step 1 is the warm start's
+    policy in both arms, so it says nothing about credit)."""
+    later = records[1:] or records
+    sessions = sum(r["sessions"] for r in later)
+    if not sessions:
+        return {}
+    scored = sum(r["turn_rewards"]["scored"] for r in later)
+    failed = sum(r["turn_rewards"]["negative"] for r in later)
+    return {
+        "sessions": sessions,
+        "pass": round(sum(r["pass_rate"] * r["sessions"] for r in later) / sessions, 4),
+        "calls_per_session": round(
+            sum(r["calls_per_session"] * r["sessions"] for r in later) / sessions, 3
+        ),
+        "tool_error_rate": round(failed / scored, 4) if scored else None,
+        "no_tool_sessions": sum(r["turn_rewards"]["sessions_unscored"] for r in later),
+    }
+
+
+def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
+    """Per arm: the mean over seeds of each summary figure."""
+    out: dict[str, Any] = {}
+    for arm in arms:
+        rows = [r["summary"] for r in runs if r["arm"] == arm]
+        keys = [k for k in rows[0] if k not in ("arm", "seed")] if rows else []
+        out[arm] = {
+            k: round(statistics.fmean(vals), 4)
+            for k in keys
+            if (vals := [r[k] for r in rows if isinstance(r.get(k), int | float)])
+        }
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "| seed | arm | held-out before → after | calls/session after | tool-error rate after "
+        "| train pass (steps 2..) | train calls/session | train tool-error rate "
+        "| no-tool sessions (train) | run (min) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        s = r["summary"]
+        lines.append(
+            f"| {r['seed']} | {r['arm']} | {fmt(s['before_pass'])} → {fmt(s['after_pass'])} "
+            f"| {fmt(s['after_calls_per_session'])} | {fmt(s['after_error_rate'])} "
+            f"| {fmt(s.get('train_pass'))} | {fmt(s.get('train_calls_per_session'))} "
+            f"| {fmt(s.get('train_tool_error_rate'))} | {s.get('train_no_tool_sessions', '-')}"
+            f"/{s.get('train_sessions', '-')} | {r['run_s'] / 60:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    main()
