@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +9,13 @@ import httpx
 import pytest
 import torch
 
-from polar.engines.embedded import EmbeddedEngineCore, GenerationParams, create_app, load_model
+from polar.engines.embedded import (
+    EmbeddedEngineCore,
+    GenerationParams,
+    create_app,
+    load_model,
+    loader,
+)
 from polar.engines.embedded.loader import converted_checkpoint_dir
 from polar.engines.model_files import smollm2_gguf_path
 
@@ -34,14 +39,20 @@ def teacher_forced(core: EmbeddedEngineCore, prompt: list[int], sampled: list[in
     return steps.gather(-1, torch.tensor(sampled)[:, None]).squeeze(-1)
 
 
-def test_cached_checkpoint_is_plain_and_reloads_in_under_a_second(core: EmbeddedEngineCore) -> None:
+def no_conversion(*args: object) -> None:
+    raise AssertionError("a cached checkpoint was converted from the GGUF again")
+
+
+def test_cached_checkpoint_is_plain_and_reloads_without_converting(
+    core: EmbeddedEngineCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reload reads the cached checkpoint, never the GGUF (a 1 s bound flaked on loaded cores)."""
     checkpoint = converted_checkpoint_dir(smollm2_gguf_path())
     assert (checkpoint / "model.safetensors").is_file()
     assert getattr(core.module.config, "quantization_config", None) is None
     assert core.module.config.num_hidden_layers == 30 and core.max_model_len == 8192
-    started = time.perf_counter()
+    monkeypatch.setattr(loader, "_convert_gguf", no_conversion)
     again = load_model("smollm2")
-    assert time.perf_counter() - started < 1.0
     for p, q in zip(core.module.parameters(), again.module.parameters(), strict=True):
         assert torch.equal(p, q)
 
@@ -54,9 +65,8 @@ def test_first_load_converts_the_gguf_once_into_the_cache(
     checkpoint = converted_checkpoint_dir(smollm2_gguf_path())
     assert checkpoint.is_relative_to(tmp_path) and (checkpoint / "config.json").is_file()
     assert not list(checkpoint.parent.glob(".convert-*"))  # no staging left behind
-    started = time.perf_counter()
+    monkeypatch.setattr(loader, "_convert_gguf", no_conversion)
     cached = load_model("smollm2")
-    assert time.perf_counter() - started < 1.0
     ids = torch.tensor([[1, 4093, 198, 19556, 2]])
     with torch.inference_mode():
         torch.testing.assert_close(
