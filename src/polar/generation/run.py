@@ -49,6 +49,7 @@ from polar.generation.collect import Collector, TaskPlan
 from polar.generation.dataset import DatasetFiles, write_dataset
 from polar.generation.options import GenerateOptions
 from polar.generation.progress import GenerateView
+from polar.runtimes.registry import binds_host_paths
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import TaskRequest
 from polar.stack.demonstrator import demonstrator_engine
@@ -269,7 +270,7 @@ def _tasks(
         bundles = bundle_repos(out / REPOS)
         task_options.setdefault("repos", {repo: str(path) for repo, path in bundles.items()})
     agent = setup.harness.agent
-    binds = setup.harness.binds if setup.runtime == "bubblewrap" else []
+    binds = setup.harness.binds if binds_host_paths(setup.runtime) else []
     swe_options = SWETaskOptions(
         runtime=setup.runtime,
         harness=agent.harness or agent.import_path or "shell",

@@ -31,7 +31,8 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Launch, run_cli_checked
+from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Launch
+from polar.runtimes.container_cli import run_cli_checked
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar.config_loader import parse_config
 from polar.errors import ConfigError, RuntimeStartError
 from polar.runtimes.checkouts import default_cache_dir, shared_checkout
-from polar.runtimes.safe_files import UnsafeFile, copy_regular, make_dirs, walk
+from polar.runtimes.safe_files import copy_tree, make_dirs
 from polar.runtimes.snapshot import HostSnapshot, WorkspaceSnapshot
 from polar.runtimes.spawn import Child, spawn
 from polar.runtimes.workspace_writer import HostWriter, WorkspaceWriter
@@ -55,7 +55,6 @@ DEFAULT_PREPARE_TIMEOUT_S = 1800.0
 # After the main process exits, how long stragglers may keep the output pipes open.
 _READ_GRACE_S = 1.0
 _STDERR_TAIL = 4000
-CLI_TIMEOUT_S = 120.0
 # Copying an image's workspace source out (a large repository's tree) may take a while.
 SEED_TIMEOUT_S = 1800.0
 
@@ -161,38 +160,6 @@ async def _feed_stdin(stream: asyncio.StreamWriter | None, data: bytes) -> None:
 def _killpg(proc: Child) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-async def run_cli(argv: list[str], timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, str, str]:
-    """Run a container CLI command to completion; (exit code, stdout, stderr)."""
-    proc = await spawn(argv)
-    try:
-        async with asyncio.timeout(timeout_s):
-            out, err, code = await asyncio.gather(
-                proc.stdout.read(), proc.stderr.read(), proc.exited()
-            )
-    except TimeoutError:
-        proc.popen.kill()
-        await proc.exited()
-        return -9, "", f"{argv[0]} {argv[1]} timed out after {timeout_s:g}s"
-    finally:
-        proc.close()
-    return code, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-async def run_cli_checked(argv: list[str], failure: str, timeout_s: float = CLI_TIMEOUT_S) -> str:
-    """Run a container CLI command that must succeed; its stdout, or a
-    :class:`RuntimeStartError` that says ``failure`` with the command, its exit code and
-    stderr."""
-    code, out, err = await run_cli(argv, timeout_s)
-    if code != 0:
-        raise RuntimeStartError(
-            f"{failure} (exit {code})",
-            command=" ".join(argv),
-            exit_code=code,
-            stderr_tail=tail_text(err),
-        )
-    return out
 
 
 def tail_text(text: str, limit: int = _STDERR_TAIL) -> str:
@@ -404,11 +371,11 @@ class Runtime(ABC):
 
     async def upload(self, local: Path, remote: str) -> None:
         """Copy a host file or directory to ``remote`` inside."""
-        await asyncio.to_thread(_copy, Path(local), self.host_path(remote))
+        await asyncio.to_thread(copy_tree, Path(local), self.host_path(remote))
 
     async def download(self, remote: str, local: Path) -> None:
         """Copy ``remote`` (file or directory) from inside to the host path ``local``."""
-        await asyncio.to_thread(_copy, self.host_path(remote), Path(local))
+        await asyncio.to_thread(copy_tree, self.host_path(remote), Path(local))
 
     async def make_dirs(self, *paths: str) -> None:
         """Make each directory (inside paths) with its parents, never through a link the
@@ -597,37 +564,3 @@ def _within(root: Path, path: Path, remote: str) -> Path:
             "it is not transferred"
         )
     return path
-
-
-def _copy(src: Path, dst: Path) -> None:
-    """Copy a file, link or directory, through :mod:`polar.runtimes.safe_files`: one side is a
-    tree the harness owned, so no FIFO, device or oversized file is read, no link is followed
-    (links are copied as links) and no directory is written through a link."""
-    if not src.exists() and not src.is_symlink():
-        raise FileNotFoundError(f"{src} does not exist")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if not src.is_dir() or src.is_symlink():
-        _copy_entry(src, dst)
-        return
-    _make_dir(dst)
-    for rel, entry in walk(src):
-        target = dst / rel
-        if entry.is_dir(follow_symlinks=False):
-            _make_dir(target)
-        else:
-            _copy_entry(Path(entry.path), target)
-
-
-def _make_dir(path: Path) -> None:
-    if path.is_symlink():
-        raise UnsafeFile(f"{path} is a symbolic link; nothing is copied through it")
-    path.mkdir(exist_ok=True)
-
-
-def _copy_entry(src: Path, dst: Path) -> None:
-    if not src.is_symlink():
-        copy_regular(src, dst)
-        return
-    if dst.is_symlink() or dst.is_file():
-        dst.unlink()
-    dst.symlink_to(os.readlink(src))

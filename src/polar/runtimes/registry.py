@@ -6,7 +6,7 @@ from pathlib import Path
 
 from polar.registry import Registry
 from polar.runtimes.apptainer import ApptainerRuntime
-from polar.runtimes.base import AsgiApp, Runtime
+from polar.runtimes.base import AsgiApp, Runtime, RuntimeOptions
 from polar.runtimes.bubblewrap import BubblewrapRuntime
 from polar.runtimes.docker import DockerRuntime
 from polar.runtimes.local import LocalRuntime
@@ -27,6 +27,13 @@ def runtime_names() -> list[str]:
 def needs_image(kind: str) -> bool:
     """Whether the ``kind`` runtime runs an image (``spec.image``) rather than the host."""
     return bool(getattr(RUNTIMES.get(kind), "needs_image", False))
+
+
+def binds_host_paths(kind: str) -> bool:
+    """Whether the ``kind`` runtime takes ``options.ro_binds``: host paths bound in read-only,
+    how a sandbox on the host's own system sees a harness install (bubblewrap)."""
+    options = getattr(RUNTIMES.get(kind), "options_model", RuntimeOptions)
+    return "ro_binds" in options.model_fields
 
 
 def unsandboxed_runtimes() -> frozenset[str]:

@@ -182,3 +182,37 @@ def walk(
                     if depth + 1 >= max_depth:
                         raise TreeTooLarge(f"{root} is deeper than {max_depth} levels at {rel}")
                     pending.append((Path(entry.path), rel + "/", depth + 1))
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy a file, link or directory between a sandbox's tree and the host: one side is a
+    tree the harness owned, so no FIFO, device or oversized file is read, no link is followed
+    (links are copied as links) and no directory is written through a link."""
+    if not src.exists() and not src.is_symlink():
+        raise FileNotFoundError(f"{src} does not exist")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not src.is_dir() or src.is_symlink():
+        _copy_entry(src, dst)
+        return
+    _make_dir(dst)
+    for rel, entry in walk(src):
+        target = dst / rel
+        if entry.is_dir(follow_symlinks=False):
+            _make_dir(target)
+        else:
+            _copy_entry(Path(entry.path), target)
+
+
+def _make_dir(path: Path) -> None:
+    if path.is_symlink():
+        raise UnsafeFile(f"{path} is a symbolic link; nothing is copied through it")
+    path.mkdir(exist_ok=True)
+
+
+def _copy_entry(src: Path, dst: Path) -> None:
+    if not src.is_symlink():
+        copy_regular(src, dst)
+        return
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    dst.symlink_to(os.readlink(src))

@@ -26,6 +26,7 @@ from polar.harnesses.bundled import AGENT, agent_spec
 from polar.harnesses.install import default_prefix, install, installed_names
 from polar.harnesses.pi import COMPACT_SETTINGS
 from polar.harnesses.registry import CLI_PRESETS
+from polar.runtimes.registry import binds_host_paths
 from polar.schemas.task import AgentSpec, RuntimeSpec
 from polar.stack.loading import LoadingEngine, ModelLoad
 
@@ -84,7 +85,7 @@ def bubblewrap_problem(bwrap: str = "bwrap") -> str | None:
 
 def runtime_spec(kind: str, binds: list[str]) -> RuntimeSpec:
     """The sandbox every session gets; read-only binds carry the harness in (bubblewrap)."""
-    options: dict[str, Any] = {"ro_binds": binds} if kind == "bubblewrap" and binds else {}
+    options: dict[str, Any] = {"ro_binds": binds} if binds_host_paths(kind) and binds else {}
     return RuntimeSpec(kind=kind, network="gateway", options=options)
 
 

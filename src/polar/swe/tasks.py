@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polar.errors import ConfigError
 from polar.harnesses.install import default_prefix
 from polar.harnesses.registry import CLI_PRESETS
-from polar.runtimes.registry import needs_image, runtime_names
+from polar.runtimes.registry import binds_host_paths, needs_image, runtime_names
 from polar.schemas.ids import MAX_ID_LENGTH
 from polar.schemas.task import (
     AgentSpec,
@@ -199,7 +199,7 @@ def _runtime(instance: SWEInstance, options: SWETaskOptions) -> RuntimeSpec:
             kind="git", repo=_repo_path(instance, options), commit=instance.base_commit
         )
         binds = options.ro_binds or _harness_binds(options)
-        if options.runtime == "bubblewrap" and binds:
+        if binds_host_paths(options.runtime) and binds:
             spec["options"] = {"ro_binds": binds}
     return RuntimeSpec.model_validate(spec)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from polar.errors import ConfigError
 from polar.harnesses.pi import COMPACT_SETTINGS
+from polar.runtimes.registry import binds_host_paths
 from polar.schemas.task import TaskRequest
 
 KINDS = ("write", "count", "run")
@@ -160,7 +161,7 @@ def tool_use(
         rng = random.Random(f"{seed}:{split}:{step}")
         chosen = [rng.choice(rng.choice(by_kind)) for _ in range(count)]
     runtime_spec: dict[str, Any] = {"kind": runtime, "network": "gateway"}
-    if runtime == "bubblewrap":
+    if binds_host_paths(runtime):
         runtime_spec["options"] = {"ro_binds": ro_binds or [str(default_prefix())]}
     if settings is None:
         settings = COMPACT_SETTINGS if harness == "pi" else {}

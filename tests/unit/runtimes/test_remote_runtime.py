@@ -16,7 +16,13 @@ from polar.errors import ConfigError
 from polar.evaluators.base import EvaluationContext
 from polar.evaluators.registry import create_evaluator
 from polar.runtimes.base import Runtime
-from polar.runtimes.registry import create_runtime, needs_image, unsandboxed_runtimes
+from polar.runtimes.registry import (
+    RUNTIMES,
+    binds_host_paths,
+    create_runtime,
+    needs_image,
+    unsandboxed_runtimes,
+)
 from polar.runtimes.snapshot import MemorySnapshot
 from polar.schemas.task import EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar.schemas.trajectory import Trace, Trajectory, TrajectoryStatus
@@ -89,6 +95,8 @@ def test_the_registry_says_which_runtimes_need_an_image_or_do_not_sandbox(
     assert needs_image("docker") and needs_image("apptainer")
     assert not needs_image("bubblewrap") and not needs_image("toy_remote")
     assert unsandboxed_runtimes() == frozenset({"local"})
+    # Who takes host paths bound in (a harness install) is the runtime's own options' fact.
+    assert [kind for kind in RUNTIMES if binds_host_paths(kind)] == ["bubblewrap"]
 
 
 def test_a_memory_snapshot_lists_reads_and_refuses_like_a_host_tree() -> None:

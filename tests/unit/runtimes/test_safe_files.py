@@ -19,11 +19,11 @@ from polar.evaluators.patch_text import unified_patch
 from polar.evaluators.pytest_config import changes_pytest_config
 from polar.evaluators.swe_tests import LOG_LIMIT, read_log
 from polar.evaluators.workspace_diff import apply_diff, diff_trees
-from polar.runtimes.base import _copy
 from polar.runtimes.safe_files import (
     TreeTooLarge,
     UnsafeFile,
     copy_regular,
+    copy_tree,
     make_dirs,
     read_regular,
     same_content,
@@ -194,16 +194,16 @@ def test_a_transfer_out_of_a_sandbox_refuses_a_trap(tmp_path: Path, trap: str) -
     plant(tree / "sub" / "trap", trap)
     dest, single = tmp_path / "host", tmp_path / "single"
     if trap in ("chain", "link_out"):  # links are copied as links, never followed
-        bounded(lambda: _copy(tree, dest))
+        bounded(lambda: copy_tree(tree, dest))
         assert (dest / "sub" / "trap").is_symlink()
         assert (dest / "sub" / "kept.txt").read_text() == "kept"
-        bounded(lambda: _copy(tree / "sub" / "trap", single))
+        bounded(lambda: copy_tree(tree / "sub" / "trap", single))
         assert single.is_symlink()
         return
     with pytest.raises(UnsafeFile):
-        bounded(lambda: _copy(tree, dest))
+        bounded(lambda: copy_tree(tree, dest))
     with pytest.raises(UnsafeFile):
-        bounded(lambda: _copy(tree / "sub" / "trap", single))
+        bounded(lambda: copy_tree(tree / "sub" / "trap", single))
 
 
 def test_a_transfer_into_a_sandbox_never_writes_through_a_planted_directory_link(
@@ -218,7 +218,7 @@ def test_a_transfer_into_a_sandbox_never_writes_through_a_planted_directory_link
     workspace_tests.mkdir(parents=True)
     (workspace_tests / "sub").symlink_to(outside, target_is_directory=True)
     with pytest.raises(UnsafeFile):
-        _copy(src, workspace_tests)
+        copy_tree(src, workspace_tests)
     assert list(outside.iterdir()) == []
 
 
