@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import posixpath
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 import httpx
@@ -87,6 +89,12 @@ class ToyRemoteRuntime(Runtime):
 
     def workspace_writer(self) -> WorkspaceWriter:
         return ToyWriter(self.remote)
+
+    async def download(self, remote: str, local: Path) -> None:
+        rel = posixpath.relpath(self.inside_path(remote), self.workdir)
+        if rel not in self.remote:
+            raise FileNotFoundError(f"{remote} is not in the toy's workspace")
+        local.write_bytes(self.remote[rel])
 
     def _launch(self, argv: list[str], env: dict[str, str], cwd: str, exec_id: str) -> Launch:
         raise AssertionError("nothing is launched on the host")

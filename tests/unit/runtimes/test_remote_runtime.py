@@ -15,6 +15,7 @@ import pytest
 from polar.errors import ConfigError
 from polar.evaluators.base import EvaluationContext
 from polar.evaluators.registry import create_evaluator
+from polar.evaluators.swe_tests import _read_inside
 from polar.runtimes.base import Runtime
 from polar.runtimes.registry import (
     RUNTIMES,
@@ -128,3 +129,14 @@ def test_a_host_path_asked_of_a_runtime_without_one_names_it(tmp_path: Path) -> 
         with pytest.raises(ConfigError, match="toy_remote runtime keeps its files off this host"):
             ask()
     assert create_runtime(RuntimeSpec(kind="local"), tmp_path / "l", "http://x").host_files
+
+
+async def test_swe_tests_reads_the_test_log_a_remote_runtime_hands_over(
+    toy_remote: None, tmp_path: Path
+) -> None:
+    spec = RuntimeSpec(kind="toy_remote", files={"run.log": "PASSED tests/t.py::x\n"})
+    runtime = create_runtime(spec, tmp_path / "never-made", GATEWAY)
+    await runtime.start()
+    assert await _read_inside(runtime, "run.log") == "PASSED tests/t.py::x\n"
+    assert await _read_inside(runtime, "missing.log") is None
+    assert not (tmp_path / "never-made").exists()

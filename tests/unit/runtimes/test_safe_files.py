@@ -19,6 +19,7 @@ from polar.evaluators.patch_text import unified_patch
 from polar.evaluators.pytest_config import changes_pytest_config
 from polar.evaluators.swe_tests import LOG_LIMIT, read_log
 from polar.evaluators.workspace_diff import apply_diff, diff_trees
+from polar.runtimes.registry import create_runtime
 from polar.runtimes.safe_files import (
     TreeTooLarge,
     UnsafeFile,
@@ -31,6 +32,7 @@ from polar.runtimes.safe_files import (
 )
 from polar.runtimes.snapshot import HostSnapshot
 from polar.runtimes.workspace_writer import HostWriter
+from polar.schemas.task import RuntimeSpec
 
 TRAPS = ("fifo", "device", "sparse", "chain", "link_out")
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4)
@@ -233,3 +235,24 @@ def test_directories_are_never_made_through_a_planted_link(tmp_path: Path) -> No
     assert list(outside.iterdir()) == []
     (home / ".polar").unlink()
     assert make_dirs(home, ".polar/artifacts").is_dir()
+
+
+async def test_a_runtime_makes_directories_inside_only_and_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    runtime = create_runtime(RuntimeSpec(kind="local"), tmp_path / "s", "http://127.0.0.1:9")
+    await runtime.start()
+    try:
+        outside = tmp_path / "host"
+        outside.mkdir()
+        (runtime.home_path / ".polar").symlink_to(outside, target_is_directory=True)
+        with pytest.raises(UnsafeFile):
+            await runtime.make_dirs(f"{runtime.home}/.polar/logs")
+        assert list(outside.iterdir()) == []
+        with pytest.raises(ValueError, match="outside the local runtime's workdir"):
+            await runtime.make_dirs(str(outside / "x"))
+        await runtime.make_dirs("build/out", f"{runtime.home}/cache")
+        assert (runtime.workspace_path / "build" / "out").is_dir()
+        assert (runtime.home_path / "cache").is_dir()
+    finally:
+        await runtime.stop()
