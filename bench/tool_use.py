@@ -131,8 +131,12 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
     def rates(phase: str) -> list[float]:
         return [r[phase]["pass_rate"] for r in runs if r[phase] is not None]
 
-    def spread(xs: list[float]) -> float:
-        return statistics.stdev(xs) if len(xs) > 1 else 0.0
+    def spread(xs: list[float]) -> float | None:  # undefined for one run, not 0
+        return statistics.stdev(xs) if len(xs) > 1 else None
+
+    def exceeds(x: float, *noise: float | None) -> bool | None:
+        """x > 3 x the largest noise term; None where a spread is undefined (one run)."""
+        return None if None in noise else x > 3 * max(n for n in noise if n is not None)
 
     def mean(xs: list[float]) -> float:
         return statistics.fmean(xs) if xs else 0.0
@@ -144,7 +148,7 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
         return math.sqrt(p * (1 - p) / n) if n else 0.0
 
     gain = mean(after) - mean(before)
-    noise = max(spread(before), spread(after), se(mean(before)), se(mean(after)))
+    grpo_gain = mean(after) - mean(sft) if sft else None
     return {
         "config": config,
         "runs": runs,
@@ -152,7 +156,7 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
         "after_sft": sft,
         "after": after,
         "gain": gain,
-        "gain_from_grpo": mean(after) - mean(sft) if sft else None,
+        "gain_from_grpo": grpo_gain,
         "run_to_run_std_before": spread(before),
         "run_to_run_std_after_sft": spread(sft),
         "run_to_run_std_after": spread(after),
@@ -162,10 +166,14 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
             "after_sft": se(mean(sft)),
             "after": se(mean(after)),
         },
-        "gain_exceeds_3x_spread": gain > 3 * max(spread(before), spread(after)),
-        "grpo_gain_exceeds_3x_spread": bool(sft)
-        and mean(after) - mean(sft) > 3 * max(spread(sft), spread(after)),
-        "gain_exceeds_3x_noise": gain > 3 * noise,
+        "gain_exceeds_3x_spread": exceeds(gain, spread(before), spread(after)),
+        "grpo_gain_exceeds_3x_spread": None
+        if grpo_gain is None
+        else exceeds(grpo_gain, spread(sft), spread(after)),
+        "gain_exceeds_3x_se": exceeds(gain, se(mean(before)), se(mean(after))),
+        "grpo_gain_exceeds_3x_se": None
+        if grpo_gain is None
+        else exceeds(grpo_gain, se(mean(sft)), se(mean(after))),
         "calls_per_session_before": mean(
             [r["before"]["calls_per_session"] for r in runs if r["before"]]
         ),
@@ -179,6 +187,14 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
         "mean_step_s": mean([r["mean_step_s"] for r in runs if r["steps"]]),
         "mean_run_s": mean([r["run_s"] for r in runs if r["run_s"]]),
     }
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _verdict(x: bool | None) -> str:
+    return "n/a (one run: no spread)" if x is None else str(x)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -201,14 +217,17 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "cells: held-out success (model calls per session / per trace)",
         "",
-        f"mean gain {report['gain']:+.3f} (GRPO's part: {report['gain_from_grpo']}); "
-        f"run-to-run std before {report['run_to_run_std_before']:.3f}, after warm start "
-        f"{report['run_to_run_std_after_sft']:.3f}, after {report['run_to_run_std_after']:.3f}; "
+        f"mean gain {report['gain']:+.3f} (GRPO's part: {_num(report['gain_from_grpo'])}); "
+        f"run-to-run std before {_num(report['run_to_run_std_before'])}, after warm start "
+        f"{_num(report['run_to_run_std_after_sft'])}, after "
+        f"{_num(report['run_to_run_std_after'])}; "
         "binomial SE of one eval (before / after warm start / after): "
         + " / ".join(f"{v:.3f}" for v in report["eval_binomial_se"].values())
-        + f" (n = {report['eval_tasks']}); gain > 3 x spread: {report['gain_exceeds_3x_spread']}"
-        f"; GRPO's part > 3 x spread: {report['grpo_gain_exceeds_3x_spread']}"
-        f", > 3 x max(spread, SE): {report['gain_exceeds_3x_noise']}",
+        + f" (n = {report['eval_tasks']}); gain > 3 x spread: "
+        f"{_verdict(report['gain_exceeds_3x_spread'])}, > 3 x SE: "
+        f"{_verdict(report['gain_exceeds_3x_se'])}; GRPO's part > 3 x spread: "
+        f"{_verdict(report['grpo_gain_exceeds_3x_spread'])}, > 3 x SE: "
+        f"{_verdict(report['grpo_gain_exceeds_3x_se'])}",
     ]
     return "\n".join(lines)
 
