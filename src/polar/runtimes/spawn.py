@@ -7,15 +7,24 @@ standard loop: uvloop (uvicorn's default) ignores ``close_fds``, and a sandboxed
 ``accept()``s the node's own control traffic. :func:`spawn` starts every runtime process through
 :class:`subprocess.Popen` with ``close_fds=True`` and no ``pass_fds`` (the child closes every
 descriptor above 2 before it execs) and connects the pipes to the running loop itself.
+
+Under uvloop a pipe handed to the loop is closed twice: libuv closes the descriptor, then uvloop
+closes the file object too (expecting EBADF). In a process with several threads, another thread
+may have opened a descriptor under that number in between, and the second close takes it: a
+sandbox launch elsewhere then failed with "[Errno 9] Bad file descriptor". :func:`_for_loop`
+gives uvloop a private duplicate in a file object that never closes it, so each descriptor is
+closed exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 _POLL_MAX_S = 0.05
 
@@ -81,13 +90,15 @@ async def spawn(
     try:
         for reader, pipe in ((child.stdout, popen.stdout), (child.stderr, popen.stderr)):
             transport, _ = await loop.connect_read_pipe(
-                functools.partial(asyncio.StreamReaderProtocol, reader), pipe
+                functools.partial(asyncio.StreamReaderProtocol, reader), _for_loop(loop, pipe)
             )
             child.transports.append(transport)
         if popen.stdin is not None:
             # StreamReaderProtocol brings the flow control StreamWriter.drain() needs.
             protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
-            writer, _ = await loop.connect_write_pipe(lambda: protocol, popen.stdin)
+            writer, _ = await loop.connect_write_pipe(
+                lambda: protocol, _for_loop(loop, popen.stdin)
+            )
             child.transports.append(writer)
             child.stdin = asyncio.StreamWriter(writer, protocol, None, loop)
     except BaseException:
@@ -96,3 +107,16 @@ async def spawn(
         child.close()
         raise
     return child
+
+
+def _for_loop(loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None) -> IO[bytes]:
+    """The pipe object to hand to ``loop``: the pipe itself on asyncio's loops (the transport
+    closes it, once); on uvloop, which closes the descriptor and then the object, a duplicate
+    descriptor in an object that leaves closing to libuv, the original closed here."""
+    assert pipe is not None
+    if not type(loop).__module__.startswith("uvloop"):
+        return pipe
+    duplicate = os.dup(pipe.fileno())
+    mode = "wb" if pipe.writable() else "rb"
+    pipe.close()
+    return open(duplicate, mode, buffering=0, closefd=False)  # libuv closes it
