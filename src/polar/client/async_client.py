@@ -118,13 +118,13 @@ class AsyncRolloutClient:
             raise _refusal(answer, f"cancelling task {task_id!r}", self.url)
         return TaskSummary.model_validate_json(answer.content)
 
-    async def summary(self, task_id: str) -> TaskSummary:
+    async def summary(self, task_id: str, *, retry: RetryPolicy | None = None) -> TaskSummary:
         """Status and session counts: cheap, whatever the size of the results."""
-        return await self._get(f"/tasks/{task_id}/summary", TaskSummary)
+        return await self._get(f"/tasks/{task_id}/summary", TaskSummary, retry)
 
-    async def result(self, task_id: str) -> TaskResult:
+    async def result(self, task_id: str, *, retry: RetryPolicy | None = None) -> TaskResult:
         """The task's status and every finished session's result, trajectories included."""
-        return await self._get(f"/tasks/{task_id}", TaskResult)
+        return await self._get(f"/tasks/{task_id}", TaskResult, retry)
 
     async def tasks(self) -> list[TaskSummary]:
         return await self._get("/tasks", _TASKS)
@@ -300,7 +300,7 @@ class _Waiter:
             return
         self.refreshed_at = time.monotonic()
         for task_id in sorted(self.dirty & self.pending):
-            summary = await self.client._get(f"/tasks/{task_id}/summary", TaskSummary, self.retry)
+            summary = await self.client.summary(task_id, retry=self.retry)
             self.finished[task_id] = summary.finished_sessions
             if summary.status.final:
                 await self.complete(task_id)
@@ -308,7 +308,7 @@ class _Waiter:
         self.report()
 
     async def complete(self, task_id: str) -> None:
-        result = await self.client._get(f"/tasks/{task_id}", TaskResult, self.retry)
+        result = await self.client.result(task_id, retry=self.retry)
         self.done[task_id] = result
         self.pending.discard(task_id)
         self.finished[task_id] = len(result.results)
