@@ -87,6 +87,8 @@ def test_two_steps_then_resume(tmp_path: Path) -> None:
         assert 0.0 <= r["clip_fraction"] <= 1.0 and r["kl"] >= 0.0
         # rollouts were on-policy: the trainer's recomputation matches the engine's logprobs
         assert r["logprob_mismatch_max"] < 1e-3
+        # each phase records the memory it left: resident now, the process's peak so far
+        assert 0 < r["memory"]["rss_mib"] <= r["memory"]["peak_rss_mib"]
     assert steps[0]["policy_version"] == 1 and steps[1]["policy_version"] == 2
     # two minibatches per step: the second one sees moved weights, so KL and ratios move too
     assert steps[1]["kl"] > 0.0 and steps[1]["optimizer_steps"] == 2

@@ -43,6 +43,7 @@ from polar.errors import ConfigError
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import SessionResult, TaskRequest
 from polar.stack.local import LocalStack
+from polar.training import allocator
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results
 from polar.training.batch import make_batch, response_logprobs
 from polar.training.checkpoints import (
@@ -75,6 +76,8 @@ class EmbeddedTrainer:
     ) -> None:
         self.config = config
         self.echo = echo or log.info
+        kib = config.memory.mmap_threshold_kib  # before the engine's threads: they keep arenas
+        allocator.configure(config.memory.arenas, None if kib is None else kib << 10)
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -157,6 +160,13 @@ class EmbeddedTrainer:
         summary["plot"] = str(plot) if plot else None
         return summary
 
+    def _phase_done(self) -> dict[str, int]:
+        """After a phase: its freed memory goes back to the system (if configured); the
+        resident and peak memory then, for the phase's record."""
+        if self.config.memory.trim_between_phases:
+            allocator.release_freed()
+        return allocator.memory_mib()
+
     def _eval_due(self) -> bool:
         """Between steps, every ``eval.every`` (the last step is evaluated after the loop)."""
         every = self.config.eval.every
@@ -206,6 +216,7 @@ class EmbeddedTrainer:
             "rollout_s": rolled - started,
             "update_s": time.perf_counter() - rolled,
             "step_s": time.perf_counter() - started,
+            "memory": self._phase_done(),
         }
         assert self.metrics is not None
         self.metrics.train(record)
@@ -263,6 +274,7 @@ class EmbeddedTrainer:
             "epochs": epochs,
             "demonstrate_s": demonstrated - started,
             "sft_s": time.perf_counter() - demonstrated,
+            "memory": self._phase_done(),
         }
         assert self.metrics is not None
         self.metrics.sft(record)
@@ -303,6 +315,7 @@ class EmbeddedTrainer:
             "turn_rewards": turn_reward_report(results),
             "eval_s": time.perf_counter() - started,
             "examples": _examples(results, 4),
+            "memory": self._phase_done(),
         }
         assert self.metrics is not None
         self.metrics.eval(record)

@@ -89,6 +89,29 @@ class SFTConfig(BaseModel):
     )
 
 
+class MemoryConfig(BaseModel):
+    """glibc's allocator in a training run (:mod:`polar.training.allocator`): a run's phases
+    run in different threads, and with glibc's defaults each keeps what it freed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arenas: int | None = Field(
+        1,
+        ge=1,
+        description="malloc arenas (M_ARENA_MAX): 1 lets the engine's and the trainer's "
+        "threads reuse each other's freed blocks; null: glibc's default (8 per core).",
+    )
+    mmap_threshold_kib: int | None = Field(
+        None,
+        ge=0,
+        description="Blocks this size and up get their own mapping, returned at free "
+        "(M_MMAP_THRESHOLD); null: glibc's default, which rises to 32 MiB after a large free.",
+    )
+    trim_between_phases: bool = Field(
+        True, description="Return free pages to the system after each phase (malloc_trim)."
+    )
+
+
 class CheckpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -124,6 +147,7 @@ class TrainConfig(BaseModel):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:

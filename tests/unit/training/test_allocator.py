@@ -1,0 +1,57 @@
+"""The training run's allocator settings: one arena, a trim between phases (glibc)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from polar.training import allocator
+from polar.training.trainer_config import TrainConfig
+
+libc = allocator._libc()
+needs_glibc = pytest.mark.skipif(libc is None, reason="glibc's mallopt/malloc_trim not here")
+
+
+@needs_glibc
+def test_a_trim_returns_pages_freed_below_a_live_block() -> None:
+    """Freed blocks under a block still in use stay resident with glibc's defaults (the heap
+    cannot shrink past a live block); release_freed gives their pages back."""
+    assert libc is not None
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = 8192  # below any mmap threshold: from the heap
+    blocks = [libc.malloc(block) for _ in range(12_000)]  # ~94 MiB
+    for b in blocks:
+        ctypes.memset(b, 1, block)  # resident
+    pin = libc.malloc(block)  # above them: the heap's top stays in use
+    for b in blocks:
+        libc.free(b)
+    try:
+        held = allocator.memory_mib()["rss_mib"]
+        assert allocator.release_freed()
+        after = allocator.memory_mib()["rss_mib"]
+    finally:
+        libc.free(pin)
+    assert held - after > 60, (held, after)
+
+
+@needs_glibc
+def test_configure_applies_and_reports_what_it_set() -> None:
+    settings = allocator.configure(arenas=None, mmap_threshold=None)
+    assert settings == allocator.AllocatorSettings(True, None, None)
+    with pytest.raises(ValueError, match="arenas must be >= 1"):
+        allocator.configure(arenas=0, mmap_threshold=None)
+
+
+def test_memory_figures_are_mib_and_the_peak_is_at_least_the_current() -> None:
+    figures = allocator.memory_mib()
+    assert 10 < figures["rss_mib"] <= figures["peak_rss_mib"] < 1 << 20
+
+
+def test_the_training_config_defaults_to_one_arena_and_trims() -> None:
+    memory = TrainConfig().memory
+    assert (memory.arenas, memory.mmap_threshold_kib, memory.trim_between_phases) == (1, None, True)
+    with pytest.raises(ValueError, match="arenas"):
+        TrainConfig.model_validate({"memory": {"arenas": 0}})
