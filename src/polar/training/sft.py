@@ -37,6 +37,7 @@ from polar.errors import ConfigError
 from polar.schemas.task import SessionResult, TaskRequest
 from polar.stack.demonstrator import shell_tool, solution_script
 from polar.stack.local import LocalStack
+from polar.training.checkpointing import checkpointed
 from polar.trajectory.exporters.sft import SFTExporter
 
 SFT_FILE = "sft.jsonl"
@@ -113,13 +114,17 @@ def waves(tasks: Sequence[TaskRequest]) -> list[list[TaskRequest]]:
     return out
 
 
-def sft_loss(module: Any, rows: Sequence[dict[str, Any]], pad_id: int) -> tuple[torch.Tensor, int]:
+def sft_loss(
+    module: Any, rows: Sequence[dict[str, Any]], pad_id: int, *, share_prefix: bool = True
+) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the rows' assistant-mask tokens, and how many there were.
 
-    Rows of one harness share a long prompt prefix (system prompt, tool schemas): it goes
-    through the model once, its keys and values repeated for every row, and only the rest of
-    each row after it. The gradient is the same as a full forward of every row (a causal
-    model's prefix activations do not depend on what follows), for a fraction of the compute.
+    Rows of one harness share a long prompt prefix (system prompt, tool schemas): with
+    ``share_prefix`` it goes through the model once, its keys and values repeated for every
+    row, and only the rest of each row after it. The gradient is the same as a full forward of
+    every row (a causal model's prefix activations do not depend on what follows), for a
+    fraction of the compute. Under gradient checkpointing the prefix is not shared (a
+    checkpointed forward does not honour a cache).
     """
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -130,7 +135,7 @@ def sft_loss(module: Any, rows: Sequence[dict[str, Any]], pad_id: int) -> tuple[
         ids[i, :n] = torch.tensor(row["input_ids"])
         attention[i, :n] = 1
         mask[i, :n] = torch.tensor(row["assistant_masks"])
-    shared = _shared_prefix(ids, mask)
+    shared = _shared_prefix(ids, mask) if share_prefix else 0
     cache = None
     if shared:
         cache = module.base_model(input_ids=ids[:1, :shared], use_cache=True).past_key_values
@@ -166,6 +171,7 @@ def fine_tune(
     pad_id: int,
     seed: int,
     forward_rows: int | None = None,
+    gradient_checkpointing: bool = False,
 ) -> list[dict[str, Any]]:
     """``epochs`` passes of SFT over ``rows`` (one optimizer step per ``micro_batch_size``
     rows); one record of mean loss per epoch.
@@ -173,34 +179,37 @@ def fine_tune(
     A step's rows go through the model ``forward_rows`` at a time, each part's summed loss
     backpropagated and the sum divided by the step's token count: the same gradient as one
     forward of all of them, with a fraction of the activations held at once.
+    ``gradient_checkpointing`` keeps only each layer's input (the rows' shared prefix is then
+    recomputed per row: more compute, a fraction of the memory).
     """
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
     params = [p for p in module.parameters() if p.requires_grad]
     part = max(1, forward_rows or micro_batch_size)
     rng = random.Random(seed)
     records = []
-    for epoch in range(1, epochs + 1):
-        order = list(rows)
-        rng.shuffle(order)
-        losses, tokens = [], 0
-        for start in range(0, len(order), micro_batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            step = order[start : start + micro_batch_size]
-            summed, count = 0.0, 0
-            for first in range(0, len(step), part):
-                loss, n = sft_loss(module, step[first : first + part], pad_id)
-                (loss * n).backward()
-                summed += float(loss.detach()) * n
-                count += n
-            for p in params:
-                if p.grad is not None:
-                    p.grad /= max(count, 1)
-            torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
-            optimizer.step()
-            losses.append(summed / max(count, 1))
-            tokens += count
-        records.append(
-            {"epoch": epoch, "loss": statistics.fmean(losses) if losses else 0.0, "tokens": tokens}
-        )
+    with checkpointed(module, gradient_checkpointing) as recomputing:
+        for epoch in range(1, epochs + 1):
+            order = list(rows)
+            rng.shuffle(order)
+            losses, tokens = [], 0
+            for start in range(0, len(order), micro_batch_size):
+                optimizer.zero_grad(set_to_none=True)
+                step = order[start : start + micro_batch_size]
+                summed, count = 0.0, 0
+                for first in range(0, len(step), part):
+                    part_rows = step[first : first + part]
+                    loss, n = sft_loss(module, part_rows, pad_id, share_prefix=not recomputing)
+                    (loss * n).backward()
+                    summed += float(loss.detach()) * n
+                    count += n
+                for p in params:
+                    if p.grad is not None:
+                        p.grad /= max(count, 1)
+                torch.nn.utils.clip_grad_norm_(module.parameters(), grad_clip)
+                optimizer.step()
+                losses.append(summed / max(count, 1))
+                tokens += count
+            mean = statistics.fmean(losses) if losses else 0.0
+            records.append({"epoch": epoch, "loss": mean, "tokens": tokens})
     optimizer.zero_grad(set_to_none=True)
     return records

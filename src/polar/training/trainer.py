@@ -28,8 +28,7 @@ import shutil
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from polar.stack.local import LocalStack
 from polar.training import allocator
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results
 from polar.training.batch import make_batch, response_logprobs
+from polar.training.checkpointing import checkpointed
 from polar.training.checkpoints import (
     TrainerState,
     latest_checkpoint,
@@ -262,6 +262,7 @@ class EmbeddedTrainer:
                     lr=cfg.sft.lr,
                     micro_batch_size=cfg.sft.micro_batch_size,
                     forward_rows=cfg.sft.forward_rows,
+                    gradient_checkpointing=cfg.sft.gradient_checkpointing,
                     grad_clip=cfg.optim.grad_clip,
                     pad_id=int(self.core.tokenizer.pad_token_id or 0),
                     seed=cfg.seed,
@@ -347,7 +348,7 @@ class EmbeddedTrainer:
         pairs = self._fill_behaviour(pairs)
         pad = int(self.core.tokenizer.pad_token_id or 0)
         first = True
-        with _checkpointed(self.module, cfg.optim.gradient_checkpointing):
+        with checkpointed(self.module, cfg.optim.gradient_checkpointing):
             for _ in range(cfg.optim.epochs):
                 order = list(pairs)
                 self.rng.shuffle(order)
@@ -491,33 +492,6 @@ class EmbeddedTrainer:
         self.step = state.step
         self.rng = random.Random(f"{self.config.seed}:{state.step}")
         self.echo(f"resumed from {path} (step {state.step})")
-
-
-@contextmanager
-def _checkpointed(module: Any, enabled: bool) -> Iterator[None]:
-    """Gradient checkpointing for the update: each decoder layer keeps its input only and is
-    recomputed in the backward pass. Transformers applies it in training mode only, so the
-    module is in training mode meanwhile: the same function as in eval when it has no dropout,
-    and a model with dropout is left as it is (the trainer's forward must be the engine's)."""
-    usable = enabled and getattr(module, "supports_gradient_checkpointing", False)
-    if not usable or _has_dropout(module):
-        yield
-        return
-    module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    module.train()
-    try:
-        yield
-    finally:
-        module.activation_checkpointing_disable()
-        module.eval()
-
-
-def _has_dropout(module: Any) -> bool:
-    config = module.config.get_text_config()
-    rates = [v for k, v in vars(config).items() if "dropout" in k and isinstance(v, float)]
-    return any(r > 0 for r in rates) or any(
-        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()
-    )
 
 
 def _outcomes(results: Sequence[SessionResult]) -> dict[str, Any]:

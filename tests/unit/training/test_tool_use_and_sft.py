@@ -137,3 +137,42 @@ def test_tasks_the_demonstrator_cannot_tell_apart_go_in_different_waves() -> Non
                 == (task.metadata["solution"])
             )
     assert len(waves) > 1  # 40 draws repeat some instruction with another answer
+
+
+def test_checkpointed_sft_recomputes_whole_rows_and_gives_the_same_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With gradient checkpointing (the default: the warm start's activations were a run's
+    peak) each layer runs twice over whole rows, forward then recomputed in backward, no
+    prefix shared through a cache; the update is the shared-prefix one (plain SGD)."""
+    monkeypatch.setattr(sft.torch.optim, "AdamW", lambda params, lr: torch.optim.SGD(params, lr))
+    generator = torch.Generator().manual_seed(2)
+    prefix = torch.randint(5, 1000, (24,), generator=generator).tolist()
+    rows = []
+    for k in range(2):
+        tail = torch.randint(5, 1000, (6 + 4 * k,), generator=generator).tolist()
+        rows.append(
+            {"input_ids": prefix + tail, "assistant_masks": [0] * 26 + [1] * (len(tail) - 2)}
+        )
+
+    def trained(checkpointing: bool) -> tuple[list[torch.Tensor], list[int], bool]:
+        module = load_model("tiny").module
+        module.eval()
+        widths: list[int] = []
+        # inside the layer: a recompute replays the layer's forward, not its hooks
+        first_mlp = module.base_model.layers[0].mlp
+        first_mlp.register_forward_pre_hook(lambda _m, args: widths.append(args[0].shape[1]))
+        sft.fine_tune(
+            module, rows, epochs=1, lr=1.0, micro_batch_size=2, grad_clip=1e9, pad_id=0,
+            seed=0, forward_rows=2, gradient_checkpointing=checkpointing,
+        )  # fmt: skip
+        return [p.detach().clone() for p in module.parameters()], widths, module.training
+
+    shared, shared_widths, _ = trained(False)
+    recomputed, recomputed_widths, left_training = trained(True)
+    width = max(len(r["input_ids"]) for r in rows)
+    assert shared_widths == [24, width - 24]  # the common prefix once, then the rows past it
+    assert recomputed_widths == [width, width]  # whole rows, forward and recomputed
+    assert not left_training  # back in eval mode: the engine serves this module
+    for a, b in zip(shared, recomputed, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
