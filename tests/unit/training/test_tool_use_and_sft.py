@@ -63,14 +63,7 @@ def test_the_demonstrator_calls_the_shell_tool_per_command_then_summarises() -> 
 
 def test_the_shared_prefix_sft_loss_is_the_full_forward_loss() -> None:
     module = load_model("tiny").module
-    generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(5, 1000, (30,), generator=generator).tolist()
-    rows = []
-    for k in range(3):
-        tail = torch.randint(5, 1000, (5 + 3 * k,), generator=generator).tolist()
-        rows.append(
-            {"input_ids": prefix + tail, "assistant_masks": [0] * 32 + [1] * (len(tail) - 2)}
-        )
+    rows = _rows(seed=0, prefix=30, tails=[5, 8, 11])
 
     def loss_and_grad() -> tuple[float, torch.Tensor]:
         module.zero_grad()
@@ -100,14 +93,7 @@ def test_sft_steps_in_parts_give_the_same_update_as_whole_steps(
     """forward_rows splits a step's rows into forward passes (memory), not its gradient: with
     plain SGD and no clipping, the weights move by exactly the same gradient either way."""
     monkeypatch.setattr(sft.torch.optim, "AdamW", lambda params, lr: torch.optim.SGD(params, lr))
-    generator = torch.Generator().manual_seed(1)
-    prefix = torch.randint(5, 1000, (20,), generator=generator).tolist()
-    rows = []
-    for k in range(4):
-        tail = torch.randint(5, 1000, (4 + 5 * k,), generator=generator).tolist()
-        rows.append(
-            {"input_ids": prefix + tail, "assistant_masks": [0] * 22 + [1] * (len(tail) - 2)}
-        )
+    rows = _rows(seed=1, prefix=20, tails=[4, 9, 14, 19])
 
     def trained(forward_rows: int) -> tuple[list[torch.Tensor], float]:
         module = load_model("tiny").module
@@ -146,14 +132,7 @@ def test_checkpointed_sft_recomputes_whole_rows_and_gives_the_same_update(
     peak) each layer runs twice over whole rows, forward then recomputed in backward, no
     prefix shared through a cache; the update is the shared-prefix one (plain SGD)."""
     monkeypatch.setattr(sft.torch.optim, "AdamW", lambda params, lr: torch.optim.SGD(params, lr))
-    generator = torch.Generator().manual_seed(2)
-    prefix = torch.randint(5, 1000, (24,), generator=generator).tolist()
-    rows = []
-    for k in range(2):
-        tail = torch.randint(5, 1000, (6 + 4 * k,), generator=generator).tolist()
-        rows.append(
-            {"input_ids": prefix + tail, "assistant_masks": [0] * 26 + [1] * (len(tail) - 2)}
-        )
+    rows = _rows(seed=2, prefix=24, tails=[6, 10])
 
     def trained(checkpointing: bool) -> tuple[list[torch.Tensor], list[int], bool]:
         module = load_model("tiny").module
@@ -176,3 +155,16 @@ def test_checkpointed_sft_recomputes_whole_rows_and_gives_the_same_update(
     assert not left_training  # back in eval mode: the engine serves this module
     for a, b in zip(shared, recomputed, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _rows(seed: int, prefix: int, tails: list[int]) -> list[dict[str, list[int]]]:
+    """SFT rows sharing a random ``prefix``-token start, each row's own tail scored from its
+    third token on (the first two stand for a template's turn header)."""
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randint(5, 1000, (prefix,), generator=generator).tolist()
+    rows = []
+    for length in tails:
+        tail = torch.randint(5, 1000, (length,), generator=generator).tolist()
+        mask = [0] * (prefix + 2) + [1] * (length - 2)
+        rows.append({"input_ids": start + tail, "assistant_masks": mask})
+    return rows
