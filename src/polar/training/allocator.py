@@ -6,7 +6,8 @@ own and keeps what it freed for itself, and the size above which a block gets it
 (returned to the system at free) rises to 32 MiB after the first large free: so a phase's
 freed tensors stay in its thread's heap, another thread's phase cannot reuse them, and the
 run's peak is close to the sum of its phases instead of the largest one. One arena lets every
-phase reuse the same free blocks, and a trim after each phase returns the free pages.
+phase reuse the same free blocks, a trim after each phase returns the free pages, and while
+the model trains large blocks get mappings of their own (:func:`training_phase`).
 
 Elsewhere than glibc (musl, macOS) these are no-ops that say so.
 """
@@ -17,22 +18,16 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("polar.training")
 
 # mallopt parameters, from glibc's <malloc.h>
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-
-
-@dataclass(frozen=True)
-class AllocatorSettings:
-    """What :func:`configure` applied; ``glibc`` False means nothing was."""
-
-    glibc: bool
-    arenas: int | None
-    mmap_threshold: int | None
+SERVING_MMAP_THRESHOLD = 32 << 20
+"""Outside training phases: the most glibc's own dynamic threshold rises to (64-bit)."""
 
 
 @functools.cache
@@ -47,20 +42,37 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def configure(arenas: int | None, mmap_threshold: int | None) -> AllocatorSettings:
-    """Cap the number of malloc arenas and fix the mmap threshold (bytes); None leaves
-    glibc's default. Threads started before this call keep the arena they have."""
-    if (arenas is not None and arenas < 1) or (mmap_threshold or 0) < 0:
-        raise ValueError(f"arenas must be >= 1 and mmap_threshold >= 0: {arenas}, {mmap_threshold}")
+def use_arenas(arenas: int | None) -> bool:
+    """Cap the number of malloc arenas (None: glibc's default, 8 per core); False where this is
+    not glibc. Threads started before this call keep the arena they have."""
+    if arenas is not None and arenas < 1:
+        raise ValueError(f"arenas must be >= 1, not {arenas}")
     libc = _libc()
     if libc is None:
-        log.info("not glibc: allocator settings left as they are")
-        return AllocatorSettings(False, None, None)
+        log.info("not glibc: the malloc arena count is left as it is")
+        return False
     if arenas is not None and not libc.mallopt(_M_ARENA_MAX, int(arenas)):
         raise OSError(f"mallopt(M_ARENA_MAX, {arenas}) failed")
-    if mmap_threshold is not None and not libc.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)):
-        raise OSError(f"mallopt(M_MMAP_THRESHOLD, {mmap_threshold}) failed")
-    return AllocatorSettings(True, arenas, mmap_threshold)
+    return True
+
+
+@contextmanager
+def training_phase(mmap_threshold: int | None) -> Iterator[None]:
+    """While the model trains, blocks of ``mmap_threshold`` bytes and up get a mapping of their
+    own, returned to the system when freed, instead of fragmenting the heap; after it, the
+    serving threshold and a trim. Not while serving: the engine grows its key-value caches by
+    a new block per token, and a mapping each time would slow decoding. None: no change."""
+    libc = _libc()
+    if mmap_threshold is None or libc is None:
+        yield
+        return
+    if mmap_threshold < 0 or not libc.mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)):
+        raise ValueError(f"mallopt(M_MMAP_THRESHOLD, {mmap_threshold}) refused")
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, SERVING_MMAP_THRESHOLD)
+        release_freed()
 
 
 def release_freed() -> bool:

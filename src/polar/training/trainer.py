@@ -28,7 +28,8 @@ import shutil
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,7 @@ class EmbeddedTrainer:
     ) -> None:
         self.config = config
         self.echo = echo or log.info
-        kib = config.memory.mmap_threshold_kib  # before the engine's threads: they keep arenas
-        allocator.configure(config.memory.arenas, None if kib is None else kib << 10)
+        allocator.use_arenas(config.memory.arenas)  # before the engine's threads: they keep one
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
@@ -160,6 +160,17 @@ class EmbeddedTrainer:
         summary["plot"] = str(plot) if plot else None
         return summary
 
+    @contextmanager
+    def _training(self, control: GatewayControl) -> Iterator[None]:
+        """The engine paused and the gateways told, for a change of the served weights."""
+        kib = self.config.memory.train_mmap_threshold_kib
+        with (
+            control.weight_update(self.core.policy_version + 1),
+            self.core.weights_update(),
+            allocator.training_phase(None if kib is None else kib << 10),
+        ):
+            yield
+
     def _phase_done(self) -> dict[str, int]:
         """After a phase: its freed memory goes back to the system (if configured); the
         resident and peak memory then, for the phase's record."""
@@ -202,7 +213,7 @@ class EmbeddedTrainer:
         scored, report = compute_advantages(samples, cfg.algorithm.advantage)
         weights = loss_weights(scored, cfg.algorithm.loss.normalisation)
         lag = staleness((s.trace for s in scored), self.core.policy_version)
-        with control.weight_update(self.core.policy_version + 1), self.core.weights_update():
+        with self._training(control):
             update = self._update(scored, weights)
         self.step = step
         record = {
@@ -254,7 +265,7 @@ class EmbeddedTrainer:
         demonstrated = time.perf_counter()
         epochs: list[dict[str, Any]] = []
         if rows:
-            with control.weight_update(self.core.policy_version + 1), self.core.weights_update():
+            with self._training(control):
                 epochs = fine_tune(
                     self.module,
                     rows,

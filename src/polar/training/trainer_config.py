@@ -107,11 +107,13 @@ class MemoryConfig(BaseModel):
         description="malloc arenas (M_ARENA_MAX): 1 lets the engine's and the trainer's "
         "threads reuse each other's freed blocks; null: glibc's default (8 per core).",
     )
-    mmap_threshold_kib: int | None = Field(
-        None,
+    train_mmap_threshold_kib: int | None = Field(
+        1024,
         ge=0,
-        description="Blocks this size and up get their own mapping, returned at free "
-        "(M_MMAP_THRESHOLD); null: glibc's default, which rises to 32 MiB after a large free.",
+        description="While the model trains (SFT, updates), blocks this size and up get a "
+        "mapping of their own, returned to the system at free (M_MMAP_THRESHOLD): an SFT of "
+        "16 tool_use rows peaked at 2.9 instead of 3.5 GB with 1 MiB, ~17% slower. Serving "
+        "keeps the heap. null: glibc's default throughout.",
     )
     trim_between_phases: bool = Field(
         True, description="Return free pages to the system after each phase (malloc_trim)."

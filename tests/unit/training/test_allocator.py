@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import pytest
 
@@ -38,11 +39,39 @@ def test_a_trim_returns_pages_freed_below_a_live_block() -> None:
 
 
 @needs_glibc
-def test_configure_applies_and_reports_what_it_set() -> None:
-    settings = allocator.configure(arenas=None, mmap_threshold=None)
-    assert settings == allocator.AllocatorSettings(True, None, None)
+def test_arenas_are_capped_and_bad_counts_refused() -> None:
+    assert allocator.use_arenas(None)
     with pytest.raises(ValueError, match="arenas must be >= 1"):
-        allocator.configure(arenas=0, mmap_threshold=None)
+        allocator.use_arenas(0)
+
+
+@needs_glibc
+def test_a_training_phase_maps_large_blocks_of_their_own_then_returns_to_the_heap() -> None:
+    """Inside the phase a block over the threshold is a mapping of its own (its pages leave
+    with its free); outside, the serving threshold keeps it in the heap."""
+    assert libc is not None
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 4 << 20
+
+    def mapped(block: int) -> bool:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        for line in maps:
+            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+            if low <= block < high:
+                return "[heap]" not in line and high - low < 64 << 20
+        raise AssertionError("block not found in /proc/self/maps")
+
+    with allocator.training_phase(1 << 20):
+        inside = libc.malloc(size)
+        assert mapped(inside)
+        libc.free(inside)
+    outside = libc.malloc(size)
+    try:
+        assert not mapped(outside)
+    finally:
+        libc.free(outside)
 
 
 def test_memory_figures_are_mib_and_the_peak_is_at_least_the_current() -> None:
@@ -52,6 +81,10 @@ def test_memory_figures_are_mib_and_the_peak_is_at_least_the_current() -> None:
 
 def test_the_training_config_defaults_to_one_arena_and_trims() -> None:
     memory = TrainConfig().memory
-    assert (memory.arenas, memory.mmap_threshold_kib, memory.trim_between_phases) == (1, None, True)
+    assert (memory.arenas, memory.train_mmap_threshold_kib, memory.trim_between_phases) == (
+        1,
+        1024,
+        True,
+    )
     with pytest.raises(ValueError, match="arenas"):
         TrainConfig.model_validate({"memory": {"arenas": 0}})
