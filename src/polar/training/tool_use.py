@@ -7,6 +7,9 @@ reply in prose scores 0 however right it sounds:
 - ``write``: "Create a file named notes.txt containing the word apple."
 - ``count``: "Read data.txt and write its number of lines into answer.txt." (file seeded)
 - ``run``: "Run `python3 show.py` and write what it prints into answer.txt." (script seeded)
+- ``gather`` (not in the default kinds; ``kinds: [gather]``): "Read a.txt, b.txt and c.txt
+  and write their words, in that order, separated by spaces, into answer.txt." (3 to 5 files
+  seeded, a word each): sessions of 5 to 7 calls, for the builder ablation.
 
 The held-out split is fixed by a hash of each task's parameters (about one in five), so no
 eval task is ever trained on, whatever the seed or step. Every task carries its ``solution``
@@ -14,7 +17,8 @@ in its metadata: shell commands, one per turn, that the scripted demonstrator of
 (:mod:`polar.training.sft`) runs through the harness's own shell tool. They take two tool
 calls, as a careful agent would: look, then act on what the tool returned (``wc -l data.txt``,
 then ``echo 7 > answer.txt``), or act, then check (``cat memo.txt``). A demonstrated session is
-three model calls (two tool calls and a summary), merged into one trace.
+three model calls (two tool calls and a summary), merged into one trace; a ``gather`` one reads
+each file in a call of its own, then writes the answer: N + 2 calls for N files.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from polar.runtimes.registry import binds_host_paths
 from polar.schemas.task import TaskRequest
 
 KINDS = ("write", "count", "run")
+"""The default kinds: a chore of each takes three model calls."""
+LONG_KINDS = ("gather",)
+"""Kinds asked for by name: a ``gather`` chore takes 5 to 7 calls (3 to 5 files)."""
 WORDS = (
     "apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano",
     "ocean", "amber", "cedar", "delta", "ember", "frost", "grape", "honey",
@@ -38,6 +45,7 @@ WORDS = (
 FILES = ("notes.txt", "word.txt", "out.txt", "result.txt", "hello.txt", "memo.txt")
 DATA = ("data.txt", "list.txt", "lines.txt", "items.txt")
 SCRIPTS = ("show.py", "main.py", "say.py", "calc.py")
+SOURCES = ("a.txt", "b.txt", "c.txt", "d.txt", "e.txt")
 EVAL_SHARE = 5
 """One parameter set in ``EVAL_SHARE`` (by hash) is held out."""
 
@@ -108,11 +116,29 @@ def chores() -> Iterator[Chore]:
                     printed,
                 )
 
+    for files in range(3, 6):
+        for first in range(len(WORDS)):
+            for stride in (1, 3, 5, 7):
+                names = SOURCES[:files]
+                words = [WORDS[(first + i * stride) % len(WORDS)] for i in range(files)]
+                listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+                yield Chore(
+                    "gather",
+                    (files, first, stride),
+                    f"Read {listed} and write their words, in that order, separated by "
+                    "spaces, into answer.txt.",
+                    {name: f"{word}\n" for name, word in zip(names, words, strict=True)},
+                    [*(f"cat {name}" for name in names), f"echo {' '.join(words)} > answer.txt"],
+                    "answer.txt",
+                    " ".join(words),
+                )
+
 
 def split_chores(split: str, kinds: tuple[str, ...] = KINDS) -> list[Chore]:
-    unknown = set(kinds) - set(KINDS)
+    known = (*KINDS, *LONG_KINDS)
+    unknown = set(kinds) - set(known)
     if unknown:
-        raise ConfigError(f"unknown tool_use kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
+        raise ConfigError(f"unknown tool_use kinds {sorted(unknown)} (known: {', '.join(known)})")
     return [c for c in chores() if c.kind in kinds and c.held_out == (split == "eval")]
 
 
@@ -138,7 +164,8 @@ def tool_use(
     In bubblewrap the harness install (``ro_binds``, default the Polar harness prefix) is bound
     in read-only. The eval split is the same tasks in the same order for every call.
     ``max_calls`` is the gateway's turn limit (``agent.max_model_calls``): a chore takes three
-    calls, and a policy that repeats a tool call ends there instead of at ``timeout_s``.
+    calls (a ``gather`` one up to seven: give it 10), and a policy that repeats a tool call ends
+    there instead of at ``timeout_s``.
     ``builder`` is the trajectory builder (``per_request`` for the builder ablation: one trace
     per call instead of one per session). ``turn_rewards`` are per-turn reward hooks
     (``[{strategy: tool_errors}]``) for turn-level credit (``advantage.turn_reward_weight``).

@@ -10,17 +10,18 @@ import pytest
 import torch
 
 from polar.engines.embedded import load_model
+from polar.errors import ConfigError
 from polar.harnesses.base import ShellTool
 from polar.stack.demonstrator import solution_script
 from polar.training import sft
 from polar.training.tasks import task_source
-from polar.training.tool_use import KINDS, chores, split_chores
+from polar.training.tool_use import KINDS, LONG_KINDS, chores, split_chores
 
 
 def test_the_held_out_split_is_fixed_and_disjoint() -> None:
     train, held = split_chores("train"), split_chores("eval")
     assert {c.params for c in train}.isdisjoint({c.params for c in held})
-    assert len(train) + len(held) == len(list(chores()))
+    assert len(train) + len(held) == len([c for c in chores() if c.kind in KINDS])
     assert {c.kind for c in held} == set(KINDS)  # every kind is evaluated
     source = task_source("tool_use")
     first = [t.instruction for t in source("eval", 0, 9, seed=3)]
@@ -39,7 +40,9 @@ def test_the_held_out_split_is_fixed_and_disjoint() -> None:
     assert [t.instruction for t in default] == [t.instruction for t in ablated]
 
 
-@pytest.mark.parametrize("chore", [next(c for c in chores() if c.kind == k) for k in KINDS])
+@pytest.mark.parametrize(
+    "chore", [next(c for c in chores() if c.kind == k) for k in (*KINDS, *LONG_KINDS)]
+)
 def test_each_solution_passes_its_check_and_nothing_else_does(
     chore: object, tmp_path: Path
 ) -> None:
@@ -52,6 +55,22 @@ def test_each_solution_passes_its_check_and_nothing_else_does(
     for command in chore.solution:  # type: ignore[attr-defined]
         subprocess.run(command, shell=True, cwd=tmp_path, check=True)
     assert check() == 0
+
+
+def test_gather_chores_are_long_sessions_asked_for_by_name() -> None:
+    """Not in the default kinds (the recipe's measured results stay as they are); 3 to 5 files
+    read one call each, then the answer: 5 to 7 model calls with the closing reply."""
+    assert "gather" not in KINDS
+    assert {c.kind for c in split_chores("train")} == set(KINDS)
+    held, train = split_chores("eval", ("gather",)), split_chores("train", ("gather",))
+    assert (
+        len(held) >= 30
+        and len(train) >= 100
+        and not {c.params for c in held} & {c.params for c in train}
+    )
+    assert {len(c.solution) for c in train} == {4, 5, 6}
+    with pytest.raises(ConfigError, match="unknown tool_use kinds"):
+        split_chores("train", ("gathr",))
 
 
 def test_the_demonstrator_calls_the_shell_tool_per_command_then_summarises() -> None:
