@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from polar.cli.train import load_config
+from _shared_start import fmt, recipe, run_arm, wall, warm_start
 from polar.training.metrics import read_jsonl
-from polar.training.trainer import EmbeddedTrainer
 from polar.training.trainer_config import TrainConfig
 
 HOOKS = [{"strategy": "tool_errors"}]
@@ -67,15 +64,11 @@ def main() -> None:
         base = config(args, model, seed)
         warm_dir = out / f"seed-{seed}" / "warm"
         if not args.report_only:
-            started = time.perf_counter()
-            no_eval = base.eval.model_copy(update={"tasks": 0})
-            warm = base.model_copy(update={"steps": 0, "output_dir": warm_dir, "eval": no_eval})
-            EmbeddedTrainer(warm, echo=print).run(resume=False)
-            write_wall(warm_dir, time.perf_counter() - started)
+            warm_start(base, warm_dir)
         for name, weight in arms.items():
             arm_dir = out / f"seed-{seed}" / name
             if not args.report_only:
-                run_arm(base, weight, warm_dir, arm_dir)
+                run_arm(with_weight(base, weight), warm_dir, arm_dir)
             runs.append({"seed": seed, "arm": name, "weight": weight, **arm_record(arm_dir)})
             print(json.dumps(runs[-1]["summary"]), flush=True)
     report = {"args": vars(args), "runs": runs, "arms": summarise(runs, list(arms))}
@@ -85,43 +78,23 @@ def main() -> None:
 
 def config(args: argparse.Namespace, model: str, seed: int) -> TrainConfig:
     """The tool_use recipe with both arms' hooks, this bench's sizes and one seed."""
-    base = load_config("tool_use")
-    options = {**base.tasks.options, "turn_rewards": HOOKS}
-    return base.model_copy(
-        update={
-            "model": model,
-            "seed": seed,
-            "steps": args.steps,
-            "threads": args.threads,
-            "tensorboard": False,
-            "tasks": base.tasks.model_copy(
-                update={"options": options, "per_step": args.per_step, "num_samples": args.samples}
-            ),
-            "eval": base.eval.model_copy(update={"tasks": args.eval_tasks, "every": 0}),
-            "sft": base.sft.model_copy(update={"tasks": args.sft_tasks}),
-        }
+    return recipe(
+        model,
+        seed,
+        steps=args.steps,
+        per_step=args.per_step,
+        samples=args.samples,
+        eval_tasks=args.eval_tasks,
+        sft_tasks=args.sft_tasks,
+        threads=args.threads,
+        options={"turn_rewards": HOOKS},
     )
 
 
-def run_arm(base: TrainConfig, weight: float, warm_dir: Path, arm_dir: Path) -> None:
-    """GRPO from the warm start's checkpoint (no second warm start), evaluated before/after."""
-    shutil.rmtree(arm_dir, ignore_errors=True)
-    shutil.copytree(warm_dir / "checkpoints", arm_dir / "checkpoints")
+def with_weight(base: TrainConfig, weight: float) -> TrainConfig:
     advantage = base.algorithm.advantage.model_copy(update={"turn_reward_weight": weight})
-    cfg = base.model_copy(
-        update={
-            "output_dir": arm_dir,
-            "sft": base.sft.model_copy(update={"tasks": 0}),
-            "algorithm": base.algorithm.model_copy(update={"advantage": advantage}),
-        }
-    )
-    started = time.perf_counter()
-    EmbeddedTrainer(cfg, echo=print).run(resume=True)
-    write_wall(arm_dir, time.perf_counter() - started)
-
-
-def write_wall(path: Path, seconds: float) -> None:
-    (path / "wall_s.json").write_text(json.dumps({"wall_s": round(seconds, 1)}))
+    algorithm = base.algorithm.model_copy(update={"advantage": advantage})
+    return base.model_copy(update={"algorithm": algorithm})
 
 
 def arm_record(out: Path) -> dict[str, Any]:
@@ -136,7 +109,7 @@ def arm_record(out: Path) -> dict[str, Any]:
         "before": before,
         "after": after,
         "steps": steps,
-        "run_s": json.loads((out / "wall_s.json").read_text())["wall_s"],
+        "run_s": wall(out)["wall_s"],
         "summary": {
             "arm": out.name,
             "seed": out.parent.name,
@@ -215,10 +188,6 @@ def markdown(report: dict[str, Any]) -> str:
             f"/{s.get('train_sessions', '-')} | {r['run_s'] / 60:.1f} |"
         )
     return "\n".join(lines)
-
-
-def fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":

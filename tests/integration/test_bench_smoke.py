@@ -29,6 +29,7 @@ def _missing(name: str) -> str | None:
         "swe_workspaces": [bwrap],
         "tool_use": [pi, bwrap],  # the tool_use recipe runs real Pi in bubblewrap
         "turn_credit": [pi, bwrap],  # the tool_use recipe, twice from one warm start
+        "builder_ablation": [pi, bwrap],  # gather chores through Pi, both builders
         "quickstart": [pi],  # bubblewrap when present, else the local runtime
     }
     return next((why for why in needs.get(name, []) if why), None)

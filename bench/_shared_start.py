@@ -1,0 +1,102 @@
+"""What the benches that compare GRPO arms from one warm start share (turn_credit,
+builder_ablation): the tool_use recipe at a bench's sizes, one warm start per seed whose
+checkpoint seeds every arm, and an arm run from it in a process of its own (its peak memory
+is then its own)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from polar.cli.train import load_config
+from polar.training.trainer import EmbeddedTrainer
+from polar.training.trainer_config import TrainConfig
+
+
+def recipe(
+    model: str,
+    seed: int,
+    *,
+    steps: int,
+    per_step: int,
+    samples: int,
+    eval_tasks: int,
+    sft_tasks: int,
+    threads: int,
+    options: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """The bundled tool_use recipe with these sizes and task-source ``options`` over its own."""
+    base = load_config("tool_use")
+    merged = {**base.tasks.options, **(options or {})}
+    return base.model_copy(
+        update={
+            "model": model,
+            "seed": seed,
+            "steps": steps,
+            "threads": threads,
+            "tensorboard": False,
+            "tasks": base.tasks.model_copy(
+                update={"options": merged, "per_step": per_step, "num_samples": samples}
+            ),
+            "eval": base.eval.model_copy(update={"tasks": eval_tasks, "every": 0}),
+            "sft": base.sft.model_copy(update={"tasks": sft_tasks}),
+        }
+    )
+
+
+def warm_start(base: TrainConfig, warm_dir: Path) -> None:
+    """Demonstrations and SFT only (no evaluation, no GRPO step); its checkpoint seeds arms."""
+    no_eval = base.eval.model_copy(update={"tasks": 0})
+    warm = base.model_copy(update={"steps": 0, "output_dir": warm_dir, "eval": no_eval})
+    run_measured(warm, resume=False)
+
+
+def run_arm(cfg: TrainConfig, warm_dir: Path, arm_dir: Path) -> None:
+    """GRPO from the warm start's checkpoint (no second warm start), evaluated before and
+    after, in this process."""
+    shutil.rmtree(arm_dir, ignore_errors=True)
+    shutil.copytree(warm_dir / "checkpoints", arm_dir / "checkpoints")
+    arm = cfg.model_copy(
+        update={"output_dir": arm_dir, "sft": cfg.sft.model_copy(update={"tasks": 0})}
+    )
+    run_measured(arm, resume=True)
+
+
+def run_arms_apart(jobs: list[tuple[TrainConfig, Path, Path]], *, together: bool) -> None:
+    """``run_arm`` for each job in a fresh process: one after another, or all at once."""
+    spawn = multiprocessing.get_context("spawn")
+    procs = [spawn.Process(target=run_arm, args=job) for job in jobs]
+    for proc in procs:
+        proc.start()
+        if not together:
+            _joined(proc)
+    for proc in procs:
+        _joined(proc)
+
+
+def _joined(proc: Any) -> None:
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"an arm's process failed (exit code {proc.exitcode})")
+
+
+def run_measured(cfg: TrainConfig, *, resume: bool) -> None:
+    """Train, then write ``wall_s.json`` (seconds, and this process's peak RSS in MiB)."""
+    started = time.perf_counter()
+    EmbeddedTrainer(cfg, echo=print).run(resume=resume)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # KiB on Linux
+    record = {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_mib": peak_mib}
+    (cfg.output_dir / "wall_s.json").write_text(json.dumps(record))
+
+
+def wall(out: Path) -> dict[str, Any]:
+    return json.loads((out / "wall_s.json").read_text())
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

@@ -1,0 +1,260 @@
+"""Builder ablation: the same GRPO run with the prefix_merging builder and with per_request, on
+sessions long enough to matter, from one shared warm start.
+
+The setup is the ``tool_use`` recipe (SmolLM2-135M-Instruct on the embedded engine, real Pi in
+bubblewrap, checked workspace chores) on its ``gather`` chores: read 3 to 5 seeded files, one
+call each, and write their words into answer.txt, 5 to 7 model calls a session. Per seed, one
+warm start (scripted demonstrations through Pi, SFT) seeds both arms from its checkpoint; each
+arm then evaluates the held-out chores, runs the same GRPO steps (the same chores per step,
+seeded by step) and evaluates again. Only ``tasks.options.builder`` differs, in GRPO's batches
+alone: the warm start is the same weights for both. Each arm runs in a process of its own, so
+its peak memory is its own; ``--together`` runs the two arms at once (half the wall time on 2
+cores; both then share the load).
+
+Reported per arm: trainer sequences and tokens forwarded per step (prompt + response of every
+sequence), trainable tokens, optimizer updates, update and whole-step wall time, peak RSS,
+session shape and held-out success; then the ratio per_request / prefix_merging, and the
+first-principles prediction from the captured calls of the prefix_merging arm's own training
+sessions: per_request forwards every call's prompt and sample, sum_i (P_i + S_i), a merged
+session about its last call's, P_n + S_n.
+
+    python bench/builder_ablation.py --seeds 0 --together --out bench-results/builder-ablation
+    python bench/builder_ablation.py --smoke            # tiny model, one step of each arm (CI)
+    python bench/builder_ablation.py --seeds 0 --report-only --out bench-results/builder-ablation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _shared_start import fmt, recipe, run_arms_apart, wall, warm_start
+from polar.capture.store import CaptureStore
+from polar.training.metrics import read_jsonl
+
+ARMS = ("prefix_merging", "per_request")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per arm")
+    parser.add_argument("--per-step", type=int, default=3, help="chores (groups) per step")
+    parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
+    parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
+    parser.add_argument("--sft-tasks", type=int, default=16, help="demonstrated chores")
+    parser.add_argument("--max-calls", type=int, default=10, help="the gateway's turn limit")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per arm")
+    parser.add_argument("--together", action="store_true", help="run the two arms at once")
+    parser.add_argument("--out", default="bench-results/builder-ablation")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step per arm (CI)")
+    parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
+    args = parser.parse_args()
+    model = "smollm2"
+    if args.smoke:
+        model, args.seeds, args.steps, args.per_step, args.samples = "tiny", [0], 1, 1, 2
+        args.eval_tasks, args.sft_tasks, args.max_calls = 1, 2, 4
+        args.out = tempfile.mkdtemp(prefix="polar-bench-builder-ablation-")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for seed in args.seeds:
+        options = {"kinds": ["gather"], "max_calls": args.max_calls}
+        base = recipe(
+            model,
+            seed,
+            steps=args.steps,
+            per_step=args.per_step,
+            samples=args.samples,
+            eval_tasks=args.eval_tasks,
+            sft_tasks=args.sft_tasks,
+            threads=args.threads,
+            options=options,
+        )
+        warm_dir = out / f"seed-{seed}" / "warm"
+        if not args.report_only:
+            warm_start(base, warm_dir)
+            jobs = []
+            for arm in ARMS:
+                tasks = base.tasks.model_copy(
+                    update={"options": {**base.tasks.options, "builder": arm}}
+                )
+                jobs.append(
+                    (base.model_copy(update={"tasks": tasks}), warm_dir, out / f"seed-{seed}" / arm)
+                )
+            run_arms_apart(jobs, together=args.together)
+        pair = {arm: arm_record(out / f"seed-{seed}" / arm) for arm in ARMS}
+        runs.append({"seed": seed, "warm": wall(warm_dir), "arms": pair, "ratio": ratios(pair)})
+        print(json.dumps({"seed": seed, "ratio": runs[-1]["ratio"]}), flush=True)
+    report = {"args": vars(args), "runs": runs}
+    (out / "summary.json").write_text(json.dumps(report, indent=2))
+    print(markdown(report))
+
+
+def arm_record(arm_dir: Path) -> dict[str, Any]:
+    """One arm's figures: per GRPO step means, totals, held-out before and after."""
+    steps = read_jsonl(arm_dir / "metrics.jsonl")
+    evals = read_jsonl(arm_dir / "eval.jsonl")
+    updated = [s for s in steps if s["optimizer_steps"]]
+
+    def mean(key: str, rows: list[dict[str, Any]] = steps) -> float | None:
+        return statistics.fmean(r[key] for r in rows) if rows else None
+
+    return {
+        "steps": len(steps),
+        "sequences_per_step": mean("traces"),
+        "tokens_forwarded_per_step": mean("total_tokens"),
+        "trainable_tokens_per_step": mean("trainable_tokens"),
+        "optimizer_updates": sum(s["optimizer_steps"] for s in steps),
+        "update_s_per_update": mean("update_s", updated),
+        "update_s_total": sum(s["update_s"] for s in steps),
+        "step_s_total": sum(s["step_s"] for s in steps),
+        "calls_per_session": mean("calls_per_session"),
+        "train_pass": [round(s["pass_rate"], 3) for s in steps],
+        "before": evals[0]["pass_rate"] if evals else None,
+        "after": evals[-1]["pass_rate"] if len(evals) > 1 else None,
+        "after_calls_per_session": evals[-1]["calls_per_session"] if len(evals) > 1 else None,
+        "logprob_mismatch_max": max((s["logprob_mismatch_max"] for s in steps), default=None),
+        "prediction": predicted_ratio(arm_dir / "polar" / "captures.db"),
+        "shortcuts": shortcuts(arm_dir / "polar" / "captures.db"),
+        **wall(arm_dir),
+    }
+
+
+def predicted_ratio(db: Path) -> dict[str, Any] | None:
+    """From the arm's captured training sessions: tokens a per_request trainer forwards,
+    sum_i (P_i + S_i), over a merged one's, P_n + S_n (summed over sessions)."""
+    if not db.exists():
+        return None
+    store = CaptureStore(db)
+    try:
+        per_call = merged = calls = sessions = 0
+        for sid, meta in store.sessions().items():
+            if not str(meta.get("task_id", "")).startswith("train"):
+                continue
+            rows = store.summaries(sid)
+            if not rows:
+                continue
+            per_call += sum(r["n_prompt"] + r["n_sampled"] for r in rows)
+            merged += rows[-1]["n_prompt"] + rows[-1]["n_sampled"]
+            calls += len(rows)
+            sessions += 1
+    finally:
+        store.close()
+    if not sessions:
+        return None
+    return {
+        "sessions": sessions,
+        "calls_per_session": round(calls / sessions, 2),
+        "per_request_tokens": per_call,
+        "merged_tokens": merged,
+        "ratio": round(per_call / merged, 2),
+    }
+
+
+def shortcuts(db: Path) -> dict[str, int] | None:
+    """Training sessions at the extremes of length, where a credit failure would show: two
+    calls or fewer (answered without reading the files, or gave up) and at the call limit
+    (a loop of calls the session-level reward does not tell apart)."""
+    if not db.exists():
+        return None
+    store = CaptureStore(db)
+    try:
+        lengths = [
+            (len(store.summaries(sid)), meta.get("max_model_calls"))
+            for sid, meta in store.sessions().items()
+            if str(meta.get("task_id", "")).startswith("train")
+        ]
+    finally:
+        store.close()
+    return {
+        "sessions": len(lengths),
+        "two_calls_or_fewer": sum(n <= 2 for n, _ in lengths),
+        "at_call_limit": sum(limit is not None and n >= limit for n, limit in lengths),
+    }
+
+
+def ratios(pair: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    merged, per_request = pair["prefix_merging"], pair["per_request"]
+
+    def ratio(key: str) -> float | None:
+        a, b = per_request.get(key), merged.get(key)
+        return round(a / b, 2) if isinstance(a, int | float) and b else None
+
+    keys = (
+        "sequences_per_step",
+        "tokens_forwarded_per_step",
+        "trainable_tokens_per_step",
+        "update_s_per_update",
+        "update_s_total",
+        "step_s_total",
+        "wall_s",
+        "peak_rss_mib",
+    )
+    return {k: ratio(k) for k in keys}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = [
+        ("calls per session (train)", "calls_per_session", 2),
+        ("trainer sequences per step", "sequences_per_step", 1),
+        ("tokens forwarded per step", "tokens_forwarded_per_step", 0),
+        ("trainable tokens per step", "trainable_tokens_per_step", 0),
+        ("optimizer updates", "optimizer_updates", 0),
+        ("update wall time per update (s)", "update_s_per_update", 0),
+        ("update wall time, all steps (s)", "update_s_total", 0),
+        ("GRPO steps' wall time (s)", "step_s_total", 0),
+        ("arm wall time incl. 2 evaluations (s)", "wall_s", 0),
+        ("peak RSS (MiB)", "peak_rss_mib", 0),
+        ("held-out before", "before", 2),
+        ("held-out after", "after", 2),
+    ]
+    lines = []
+    for run in report["runs"]:
+        merged, per_request = run["arms"]["prefix_merging"], run["arms"]["per_request"]
+        lines += [
+            f"seed {run['seed']} (warm start {run['warm']['wall_s'] / 60:.1f} min, "
+            f"peak {run['warm']['peak_rss_mib']} MiB)",
+            "",
+            "| | prefix_merging | per_request | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for label, key, digits in rows:
+            ratio = run["ratio"].get(key)
+            lines.append(
+                f"| {label} | {fmt(merged.get(key), digits)} | {fmt(per_request.get(key), digits)} "
+                f"| {'' if ratio is None else f'{ratio:.2f}x'} |"
+            )
+        lines.append(
+            f"| train pass per step | {merged['train_pass']} | {per_request['train_pass']} | |"
+        )
+        lines.append(
+            f"| train sessions: <= 2 calls / at the limit | {_extremes(merged)} "
+            f"| {_extremes(per_request)} | |"
+        )
+        prediction = merged["prediction"]
+        if prediction:
+            lines += [
+                "",
+                f"Predicted from the prefix_merging arm's {prediction['sessions']} training "
+                f"sessions ({prediction['calls_per_session']} calls each): per_request would "
+                f"forward {prediction['per_request_tokens']:,} tokens against "
+                f"{prediction['merged_tokens']:,} merged, {prediction['ratio']}x.",
+            ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _extremes(arm: dict[str, Any]) -> str:
+    found = arm.get("shortcuts")
+    if not found:
+        return "-"
+    return f"{found['two_calls_or_fewer']} / {found['at_call_limit']} of {found['sessions']}"
+
+
+if __name__ == "__main__":
+    main()
