@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import resource
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ def recipe(
     eval_tasks: int,
     sft_tasks: int,
     threads: int,
+    sft_epochs: int | None = None,
     options: dict[str, Any] | None = None,
 ) -> TrainConfig:
-    """The bundled tool_use recipe with these sizes and task-source ``options`` over its own."""
+    """The bundled tool_use recipe with these sizes and task-source ``options`` over its own
+    (``sft_epochs`` None: the recipe's)."""
     base = load_config("tool_use")
     merged = {**base.tasks.options, **(options or {})}
     return base.model_copy(
@@ -44,7 +47,9 @@ def recipe(
                 update={"options": merged, "per_step": per_step, "num_samples": samples}
             ),
             "eval": base.eval.model_copy(update={"tasks": eval_tasks, "every": 0}),
-            "sft": base.sft.model_copy(update={"tasks": sft_tasks}),
+            "sft": base.sft.model_copy(
+                update={"tasks": sft_tasks, "epochs": sft_epochs or base.sft.epochs}
+            ),
         }
     )
 
@@ -68,15 +73,28 @@ def run_arm(cfg: TrainConfig, warm_dir: Path, arm_dir: Path) -> None:
 
 
 def run_arms_apart(jobs: list[tuple[TrainConfig, Path, Path]], *, together: bool) -> None:
-    """``run_arm`` for each job in a fresh process: one after another, or all at once."""
+    """``run_arm`` for each job in a fresh process: one after another, or all at once. A stop
+    of this process (Ctrl-C, SIGTERM) stops the arms too."""
     spawn = multiprocessing.get_context("spawn")
     procs = [spawn.Process(target=run_arm, args=job) for job in jobs]
-    for proc in procs:
-        proc.start()
-        if not together:
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
+    try:
+        for proc in procs:
+            proc.start()
+            if not together:
+                _joined(proc)
+        for proc in procs:
             _joined(proc)
-    for proc in procs:
-        _joined(proc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(30)
+
+
+def _exit_on_term(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _joined(proc: Any) -> None:
