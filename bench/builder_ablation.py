@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -37,6 +38,14 @@ from polar.capture.store import CaptureStore
 from polar.training.metrics import read_jsonl
 
 ARMS = ("prefix_merging", "per_request")
+SHORTCUTS = (
+    ("passed", "passed"),
+    ("passed without reading every file", "passed_without_reading_all"),
+    ("no tool call", "no_tool_call"),
+    ("echo calls only", "echo_only"),
+    ("at the call limit", "at_call_limit"),
+    ("repeated identical calls (calls)", "repeated_calls"),
+)
 
 
 def main() -> None:
@@ -46,7 +55,10 @@ def main() -> None:
     parser.add_argument("--per-step", type=int, default=3, help="chores (groups) per step")
     parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
     parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
-    parser.add_argument("--sft-tasks", type=int, default=16, help="demonstrated chores")
+    parser.add_argument("--sft-tasks", type=int, default=24, help="demonstrated chores")
+    parser.add_argument(
+        "--sft-epochs", type=int, default=2, help="warm-start epochs (16 chores x 1 left 0/12)"
+    )
     parser.add_argument("--max-calls", type=int, default=10, help="the gateway's turn limit")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per arm")
     parser.add_argument("--together", action="store_true", help="run the two arms at once")
@@ -57,7 +69,7 @@ def main() -> None:
     model = "smollm2"
     if args.smoke:
         model, args.seeds, args.steps, args.per_step, args.samples = "tiny", [0], 1, 1, 2
-        args.eval_tasks, args.sft_tasks, args.max_calls = 1, 2, 4
+        args.eval_tasks, args.sft_tasks, args.sft_epochs, args.max_calls = 1, 2, 1, 4
         args.out = tempfile.mkdtemp(prefix="polar-bench-builder-ablation-")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,6 +85,7 @@ def main() -> None:
             eval_tasks=args.eval_tasks,
             sft_tasks=args.sft_tasks,
             threads=args.threads,
+            sft_epochs=args.sft_epochs,
             options=options,
         )
         warm_dir = out / f"seed-{seed}" / "warm"
@@ -120,7 +133,7 @@ def arm_record(arm_dir: Path) -> dict[str, Any]:
         "after_calls_per_session": evals[-1]["calls_per_session"] if len(evals) > 1 else None,
         "logprob_mismatch_max": max((s["logprob_mismatch_max"] for s in steps), default=None),
         "prediction": predicted_ratio(arm_dir / "polar" / "captures.db"),
-        "shortcuts": shortcuts(arm_dir / "polar" / "captures.db"),
+        "shortcuts": shortcuts(arm_dir / "polar"),
         **wall(arm_dir),
     }
 
@@ -156,26 +169,63 @@ def predicted_ratio(db: Path) -> dict[str, Any] | None:
     }
 
 
-def shortcuts(db: Path) -> dict[str, int] | None:
-    """Training sessions at the extremes of length, where a credit failure would show: two
-    calls or fewer (answered without reading the files, or gave up) and at the call limit
-    (a loop of calls the session-level reward does not tell apart)."""
+def shortcuts(run: Path) -> dict[str, int] | None:
+    """How an arm's training sessions went about it, where a credit failure would show: a pass
+    without a call that read every seeded file (the answer guessed), sessions that only echo
+    or call no tool, repeated identical calls, and sessions at the call limit (a loop the
+    session-level reward does not tell apart). From the captured calls and the checks' verdicts."""
+    db = run / "captures.db"
     if not db.exists():
         return None
+    verdicts = {}
+    for path in (run / "rollout" / "results").glob("train-*.jsonl"):
+        for row in read_jsonl(path):
+            verdicts[row["session_id"]] = bool((row.get("evaluation") or {}).get("verdict"))
+    found = dict.fromkeys(
+        ("sessions", "passed", "passed_without_reading_all", "no_tool_call", "echo_only"), 0
+    )
+    found |= {"repeated_calls": 0, "at_call_limit": 0}
     store = CaptureStore(db)
     try:
-        lengths = [
-            (len(store.summaries(sid)), meta.get("max_model_calls"))
-            for sid, meta in store.sessions().items()
-            if str(meta.get("task_id", "")).startswith("train")
-        ]
+        for sid, meta in store.sessions().items():
+            if not str(meta.get("task_id", "")).startswith("train"):
+                continue
+            records = store.records(sid)
+            if not records:
+                continue
+            asked = str(records[0].upstream_request["messages"][-1].get("content", ""))
+            files = set(re.findall(r"\b[a-e]\.txt\b", asked))
+            commands = [c for r in records for c in _commands(r.response)]
+            unread = {
+                f for f in files if not any(f in c and not c.startswith("echo") for c in commands)
+            }
+            passed = verdicts.get(sid, False)
+            limit = meta.get("max_model_calls")
+            found["sessions"] += 1
+            found["passed"] += passed
+            found["passed_without_reading_all"] += passed and bool(unread)
+            found["no_tool_call"] += not commands
+            found["echo_only"] += bool(commands) and all(c.startswith("echo") for c in commands)
+            found["repeated_calls"] += len(commands) - len(set(commands))
+            found["at_call_limit"] += limit is not None and len(records) >= limit
     finally:
         store.close()
-    return {
-        "sessions": len(lengths),
-        "two_calls_or_fewer": sum(n <= 2 for n, _ in lengths),
-        "at_call_limit": sum(limit is not None and n >= limit for n, limit in lengths),
-    }
+    return found
+
+
+def _commands(message: dict[str, Any]) -> list[str]:
+    """The shell commands of an assistant message's tool calls (stripped; a call whose
+    arguments do not parse counts by its raw text)."""
+    out = []
+    for call in message.get("tool_calls") or []:
+        raw = call.get("function", {}).get("arguments", "")
+        try:
+            args = json.loads(raw)
+        except ValueError:
+            args = None
+        command = args.get("command") if isinstance(args, dict) else None
+        out.append(str(command if command is not None else raw).strip())
+    return out
 
 
 def ratios(pair: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -232,10 +282,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| train pass per step | {merged['train_pass']} | {per_request['train_pass']} | |"
         )
-        lines.append(
-            f"| train sessions: <= 2 calls / at the limit | {_extremes(merged)} "
-            f"| {_extremes(per_request)} | |"
-        )
+        for label, key in SHORTCUTS:
+            lines.append(
+                f"| train sessions: {label} | {_count(merged, key)} | {_count(per_request, key)} | |"
+            )
         prediction = merged["prediction"]
         if prediction:
             lines += [
@@ -249,11 +299,11 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _extremes(arm: dict[str, Any]) -> str:
+def _count(arm: dict[str, Any], key: str) -> str:
     found = arm.get("shortcuts")
     if not found:
         return "-"
-    return f"{found['two_calls_or_fewer']} / {found['at_call_limit']} of {found['sessions']}"
+    return str(found[key]) if key == "repeated_calls" else f"{found[key]} of {found['sessions']}"
 
 
 if __name__ == "__main__":
