@@ -106,6 +106,41 @@ def test_warm_start_then_grpo_through_pi_in_bubblewrap(tmp_path: Path, pi_prefix
     assert [e["policy_version"] for e in evals] == [0, 1, 2]
 
 
+def test_gather_demonstrations_are_long_sessions_through_pi(
+    tmp_path: Path, pi_prefix: Path
+) -> None:
+    """A ``gather`` chore's solution (a ``cat`` per file, then the answer) runs through Pi's bash
+    tool as 5 to 7 calls, all merged into one trace: the builder ablation's long sessions."""
+    out = tmp_path / "run"
+    config = TrainConfig.model_validate(
+        {
+            "model": "tiny",
+            "steps": 0,
+            "output_dir": str(out),
+            "run_workers": 2,
+            "tensorboard": False,
+            "tasks": {
+                "source": "tool_use",
+                "options": {
+                    "ro_binds": [str(pi_prefix)],
+                    "timeout_s": 240,
+                    "kinds": ["gather"],
+                    "max_calls": 10,
+                },
+                "timeout_s": 600,
+            },
+            "eval": {"tasks": 0},
+            "sft": {"tasks": 2, "epochs": 1, "lr": 1e-3, "micro_batch_size": 2},
+            "checkpoint": {"every": 0},
+        }
+    )
+    EmbeddedTrainer(config, loaded=load_model("tiny")).run()
+    (warm,) = read_jsonl(out / "warm_start.jsonl")
+    assert warm["sessions"] == 2 and warm["pass_rate"] == 1.0, warm
+    assert 5.0 <= warm["calls_per_session"] <= 7.0, warm
+    assert warm["calls_per_trace"] == warm["calls_per_session"] and warm["merge_breaks"] == 0
+
+
 def test_bundled_tool_use_config_loads() -> None:
     config = load_config("tool_use")
     assert config.tasks.source == "tool_use" and config.sft.tasks > 0
