@@ -26,11 +26,31 @@ from polar.harnesses.base import (
 _PROVIDER = "polar"
 # Features that reach the vendor's hosts or add non-function tools.
 _FEATURES_OFF = ("plugins", "apps", "remote_plugin", "in_app_updates", "goals")
+COMPACT_SETTINGS: dict[str, Any] = {
+    "instructions": "You are a coding agent. Use the tools to work on files in the current "
+    "directory.",
+    "config": {
+        "include_permissions_instructions": False,
+        "include_apps_instructions": False,
+        "include_environment_context": False,
+        "skills": {"include_instructions": False, "bundled": {"enabled": False}},
+        "features": {"view_image": False},
+    },
+}
+"""Codex with a one-line base instructions file, no skills, permissions or environment
+blocks and no view_image tool: ~1.2k SmolLM2 tokens of first prompt instead of ~5.8k, for a
+small model on a CPU. exec_command (a ``cmd`` string), write_stdin and request_user_input stay:
+this version has no switch for the last two."""
 
 
 class CodexSettings(ConfigFileSettings):
     reasoning_effort: Literal["minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None, description="model_reasoning_effort."
+    )
+    instructions: str | None = Field(
+        None,
+        description="Base instructions in place of Codex's own (~17 KB): written to "
+        "$CODEX_HOME/instructions.md and named by model_instructions_file.",
     )
 
 
@@ -57,6 +77,8 @@ class Codex(Harness):
         ]
         env = self.environment(ctx, {"CODEX_HOME": codex_home})
         files = {f"{codex_home}/config.toml": toml_text(codex_config(ctx, settings))}
+        if settings.instructions is not None:
+            files[instructions_path(ctx)] = settings.instructions
         return HarnessLaunch(argv=argv, env=env, files=files, cwd=ctx.workdir)
 
 
@@ -73,6 +95,8 @@ def codex_config(ctx: HarnessContext, settings: CodexSettings) -> dict[str, Any]
     }
     if settings.reasoning_effort:
         config["model_reasoning_effort"] = settings.reasoning_effort
+    if settings.instructions is not None:
+        config["model_instructions_file"] = instructions_path(ctx)
     config["analytics"] = {"enabled": False}
     config["history"] = {"persistence": "none"}
     config["features"] = dict.fromkeys(_FEATURES_OFF, False)
@@ -86,6 +110,10 @@ def codex_config(ctx: HarnessContext, settings: CodexSettings) -> dict[str, Any]
         }
     }
     return settings.config_file(config, "mcp_servers")
+
+
+def instructions_path(ctx: HarnessContext) -> str:
+    return f"{ctx.home_path('.codex')}/instructions.md"
 
 
 def toml_text(data: Mapping[str, Any]) -> str:

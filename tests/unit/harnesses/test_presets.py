@@ -10,6 +10,7 @@ import pytest
 
 from polar.errors import ConfigError, HarnessError
 from polar.harnesses.base import HarnessContext
+from polar.harnesses.codex import COMPACT_SETTINGS
 from polar.harnesses.registry import create_harness
 
 KEY = "ps-test-key"
@@ -106,6 +107,22 @@ def test_codex_mcp_and_config_overrides_land_in_toml() -> None:
     assert config["features"]["plugins"] is False
     assert config["model_verbosity"] == "low"
     assert launch.argv[-3:] == ["--json", "--", TASK]
+
+
+def test_codex_instructions_file_replaces_the_base_instructions() -> None:
+    launch = create_harness("codex").prepare(ctx(COMPACT_SETTINGS))
+    config = tomllib.loads(launch.files["/home/polar/.codex/config.toml"])
+    path = "/home/polar/.codex/instructions.md"
+    assert config["model_instructions_file"] == path
+    assert launch.files[path] == COMPACT_SETTINGS["instructions"]
+    assert config["skills"] == {"include_instructions": False, "bundled": {"enabled": False}}
+    assert config["features"]["view_image"] is False
+    assert config["features"]["plugins"] is False  # merged over the preset's, not in place of
+    stock = create_harness("codex").prepare(ctx({}))
+    assert path not in stock.files
+    assert "model_instructions_file" not in tomllib.loads(
+        stock.files["/home/polar/.codex/config.toml"]
+    )
 
 
 def test_claude_code_launch() -> None:
