@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.errors import ConfigError
-from polar.harnesses.pi import COMPACT_SETTINGS
+from polar.harnesses import codex, pi
 from polar.runtimes.registry import binds_host_paths
 from polar.schemas.task import TaskRequest
 
@@ -158,8 +158,10 @@ def tool_use(
     max_calls: int | None = 6,
     builder: str = "prefix_merging",
     turn_rewards: list[dict[str, Any]] | None = None,
+    eval_seed: int | None = None,
 ) -> list[TaskRequest]:
-    """``count`` tool-use tasks through ``harness`` (settings default to a compact Pi).
+    """``count`` tool-use tasks through ``harness`` (settings default to its compact preset:
+    Pi's or Codex's).
 
     In bubblewrap the harness install (``ro_binds``, default the Polar harness prefix) is bound
     in read-only. The eval split is the same tasks in the same order for every call.
@@ -169,6 +171,8 @@ def tool_use(
     ``builder`` is the trajectory builder (``per_request`` for the builder ablation: one trace
     per call instead of one per session). ``turn_rewards`` are per-turn reward hooks
     (``[{strategy: tool_errors}]``) for turn-level credit (``advantage.turn_reward_weight``).
+    ``eval_seed`` picks the held-out chores in place of ``seed``: runs of several seeds that
+    must be evaluated on the same chores pin it (bench/grpo_only.py).
     """
     from polar.harnesses.install import default_prefix
     from polar.harnesses.registry import CLI_PRESETS, create_harness
@@ -177,7 +181,7 @@ def tool_use(
         raise ConfigError(f"tool_use needs a harness preset with a shell tool, not {harness!r}")
     by_kind = [split_chores(split, (kind,)) for kind in kinds or KINDS]
     if split == "eval":  # the same tasks every time, the kinds taking turns
-        shuffler = random.Random(f"tool_use-eval:{seed}")
+        shuffler = random.Random(f"tool_use-eval:{seed if eval_seed is None else eval_seed}")
         for pool in by_kind:
             shuffler.shuffle(pool)
         chosen = [
@@ -191,7 +195,7 @@ def tool_use(
     if binds_host_paths(runtime):
         runtime_spec["options"] = {"ro_binds": ro_binds or [str(default_prefix())]}
     if settings is None:
-        settings = COMPACT_SETTINGS if harness == "pi" else {}
+        settings = {"pi": pi.COMPACT_SETTINGS, "codex": codex.COMPACT_SETTINGS}.get(harness, {})
     tasks = []
     for i, chore in enumerate(chosen):
         tasks.append(

@@ -11,6 +11,7 @@ import torch
 
 from polar.engines.embedded import load_model
 from polar.errors import ConfigError
+from polar.harnesses import codex, pi
 from polar.harnesses.base import ShellTool
 from polar.stack.demonstrator import solution_script
 from polar.training import sft
@@ -71,6 +72,23 @@ def test_gather_chores_are_long_sessions_asked_for_by_name() -> None:
     assert {len(c.solution) for c in train} == {4, 5, 6}
     with pytest.raises(ConfigError, match="unknown tool_use kinds"):
         split_chores("train", ("gathr",))
+
+
+def test_codex_runs_compact_and_a_pinned_eval_seed_fixes_the_held_out_chores() -> None:
+    """tool_use through Codex gets Codex's compact preset (a one-line instructions file), and
+    runs of different seeds with one ``eval_seed`` evaluate the same chores (bench/grpo_only)."""
+    source = task_source("tool_use")
+    (task,) = source("train", 1, 1, harness="codex")
+    assert task.agent.settings == codex.COMPACT_SETTINGS
+    assert source("train", 1, 1)[0].agent.settings == pi.COMPACT_SETTINGS
+
+    def held_out(seed: int, **options: object) -> list[str]:
+        return [t.instruction for t in source("eval", 0, 6, seed=seed, **options)]
+
+    assert held_out(1) != held_out(2)  # the run's seed picks them by default
+    assert held_out(1, eval_seed=0) == held_out(2, eval_seed=0) == held_out(0)
+    trained = [t.instruction for t in source("train", 1, 6, seed=1, eval_seed=0)]
+    assert trained == [t.instruction for t in source("train", 1, 6, seed=1)]  # eval only
 
 
 def test_the_demonstrator_calls_the_shell_tool_per_command_then_summarises() -> None:
