@@ -5,6 +5,7 @@ is then its own)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import resource
@@ -51,6 +52,36 @@ def recipe(
                 update={"tasks": sft_tasks, "epochs": sft_epochs or base.sft.epochs}
             ),
         }
+    )
+
+
+def add_sizes(parser: argparse.ArgumentParser, *, sft_tasks: int = 16) -> None:
+    """The run sizes every such bench takes, with the same defaults (``recipe_from`` reads them)."""
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per arm")
+    parser.add_argument("--per-step", type=int, default=3, help="chores (groups) per step")
+    parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
+    parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
+    parser.add_argument("--sft-tasks", type=int, default=sft_tasks, help="demonstrated chores")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per arm")
+
+
+def recipe_from(
+    args: argparse.Namespace, model: str, seed: int, options: dict[str, Any]
+) -> TrainConfig:
+    """``recipe`` at the sizes a bench's command line names (``--steps``, ``--per-step``,
+    ``--samples``, ``--eval-tasks``, ``--sft-tasks``, ``--threads``, ``--sft-epochs`` if it has
+    one)."""
+    return recipe(
+        model,
+        seed,
+        steps=args.steps,
+        per_step=args.per_step,
+        samples=args.samples,
+        eval_tasks=args.eval_tasks,
+        sft_tasks=args.sft_tasks,
+        threads=args.threads,
+        sft_epochs=getattr(args, "sft_epochs", None),
+        options=options,
     )
 
 

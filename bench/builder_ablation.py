@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _shared_start import fmt, recipe, run_arms_apart, wall, warm_start
+from _shared_start import add_sizes, fmt, recipe_from, run_arms_apart, wall, warm_start
 from polar.capture.store import CaptureStore
 from polar.training.metrics import read_jsonl
 
@@ -51,16 +51,11 @@ SHORTCUTS = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per arm")
-    parser.add_argument("--per-step", type=int, default=3, help="chores (groups) per step")
-    parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
-    parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
-    parser.add_argument("--sft-tasks", type=int, default=24, help="demonstrated chores")
+    add_sizes(parser, sft_tasks=24)
     parser.add_argument(
         "--sft-epochs", type=int, default=2, help="warm-start epochs (16 chores x 1 left 0/12)"
     )
     parser.add_argument("--max-calls", type=int, default=10, help="the gateway's turn limit")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per arm")
     parser.add_argument("--together", action="store_true", help="run the two arms at once")
     parser.add_argument("--out", default="bench-results/builder-ablation")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step per arm (CI)")
@@ -76,18 +71,7 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         options = {"kinds": ["gather"], "max_calls": args.max_calls}
-        base = recipe(
-            model,
-            seed,
-            steps=args.steps,
-            per_step=args.per_step,
-            samples=args.samples,
-            eval_tasks=args.eval_tasks,
-            sft_tasks=args.sft_tasks,
-            threads=args.threads,
-            sft_epochs=args.sft_epochs,
-            options=options,
-        )
+        base = recipe_from(args, model, seed, options)
         warm_dir = out / f"seed-{seed}" / "warm"
         if not args.report_only:
             warm_start(base, warm_dir)

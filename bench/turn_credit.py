@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _shared_start import fmt, recipe, run_arm, wall, warm_start
+from _shared_start import add_sizes, fmt, recipe_from, run_arm, wall, warm_start
 from polar.training.metrics import read_jsonl
 from polar.training.trainer_config import TrainConfig
 
@@ -41,12 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--weight", type=float, default=0.5, help="turn_reward_weight of arm 2")
-    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per arm")
-    parser.add_argument("--per-step", type=int, default=3, help="chores (groups) per step")
-    parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
-    parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
-    parser.add_argument("--sft-tasks", type=int, default=16, help="demonstrated chores")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_sizes(parser)
     parser.add_argument("--out", default="bench-results/turn-credit")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step per arm (CI)")
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
@@ -78,17 +73,7 @@ def main() -> None:
 
 def config(args: argparse.Namespace, model: str, seed: int) -> TrainConfig:
     """The tool_use recipe with both arms' hooks, this bench's sizes and one seed."""
-    return recipe(
-        model,
-        seed,
-        steps=args.steps,
-        per_step=args.per_step,
-        samples=args.samples,
-        eval_tasks=args.eval_tasks,
-        sft_tasks=args.sft_tasks,
-        threads=args.threads,
-        options={"turn_rewards": HOOKS},
-    )
+    return recipe_from(args, model, seed, {"turn_rewards": HOOKS})
 
 
 def with_weight(base: TrainConfig, weight: float) -> TrainConfig:
