@@ -22,7 +22,9 @@ BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if not p.name.startswi
 def _missing(name: str) -> str | None:
     """Why ``name``'s smoke run cannot run on this machine (None: it can)."""
     bwrap = None if shutil.which("bwrap") else "bubblewrap (bwrap) is not installed"
-    pi = None if "pi" in installed_names(default_prefix()) else "the Pi CLI is not installed"
+    installed = installed_names(default_prefix())
+    pi = None if "pi" in installed else "the Pi CLI is not installed"
+    codex = None if "codex" in installed else "the Codex CLI is not installed"
     ray = None if importlib.util.find_spec("ray") else "ray is not installed"
     needs = {
         "ray_nodes": [ray, bwrap],  # a real local Ray cluster, shell sessions in bubblewrap
@@ -30,6 +32,7 @@ def _missing(name: str) -> str | None:
         "tool_use": [pi, bwrap],  # the tool_use recipe runs real Pi in bubblewrap
         "turn_credit": [pi, bwrap],  # the tool_use recipe, twice from one warm start
         "builder_ablation": [pi, bwrap],  # gather chores through Pi, both builders
+        "grpo_only": [pi, codex, bwrap],  # a warm start through Pi, GRPO through Codex
         "quickstart": [pi],  # bubblewrap when present, else the local runtime
     }
     return next((why for why in needs.get(name, []) if why), None)
