@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from polar.harnesses.codex import COMPACT_SETTINGS
+from polar.stack.demonstrator import shell_tool
 
 from .harness_kit import TASK, assert_two_turn_run, harness_prefix, run_two_turns, shell_call
 
@@ -44,8 +45,12 @@ async def test_codex_compact_settings_shrink_the_first_prompt(
     assert request is not None
     texts = [part["text"] for item in request["input"] for part in item.get("content", [])]
     assert texts == [COMPACT_SETTINGS["instructions"], TASK]
-    tools = [tool["name"] for tool in request["tools"]]
+    tools = {tool["name"]: tool for tool in request["tools"]}
     assert "exec_command" in tools and "view_image" not in tools
+    # the demonstrator's call is the one Codex's own schema asks for: a ``cmd`` string
+    schema = tools["exec_command"]["parameters"]
+    argument = shell_tool("codex").argument
+    assert schema["required"] == [argument] and schema["properties"][argument]["type"] == "string"
     default_ids, compact_ids = stock.records[0].prompt_ids, compact.records[0].prompt_ids
     print(f"codex first prompt: {len(default_ids)} tokens stock, {len(compact_ids)} compact")
     assert len(compact_ids) * 4 < len(default_ids)
