@@ -1,5 +1,7 @@
-"""GRPO alone through an unfamiliar protocol: from one fixed checkpoint, does GRPO through real
-Codex improve held-out success by more than the noise?
+"""GRPO alone through Codex, a protocol its fixed starting checkpoint never saw: the gain.
+
+From one fixed checkpoint, does GRPO through real Codex improve held-out success by more than
+the noise?
 
 The fixed checkpoint is the ``tool_use`` recipe's warm start through Pi (scripted
 demonstrations through Pi's bash tool, then SFT; no GRPO), made once under ``--out/warm`` and
@@ -30,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _shared_start import fmt, recipe, run_arms_apart, wall, warm_start
+from _shared_start import add_sizes, fmt, recipe_from, run_arms_apart, wall, warm_start
 from polar.capture.store import CaptureStore
 from tool_use import _num, _verdict, run_record, summarise
 
@@ -38,15 +40,11 @@ from tool_use import _num, _verdict, run_record, summarise
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=6, help="GRPO steps per seed")
-    parser.add_argument("--per-step", type=int, default=4, help="chores (groups) per step")
-    parser.add_argument("--samples", type=int, default=4, help="sessions per chore")
-    parser.add_argument("--eval-tasks", type=int, default=18, help="held-out chores (x2 samples)")
+    add_sizes(parser)
+    parser.set_defaults(steps=6, per_step=4, eval_tasks=18, sft_tasks=32, threads=2)  # the recipe's
     parser.add_argument("--eval-seed", type=int, default=0, help="picks the held-out chores")
-    parser.add_argument("--sft-tasks", type=int, default=32, help="demonstrated chores (Pi)")
     parser.add_argument("--sft-epochs", type=int, help="warm-start epochs (default the recipe's)")
     parser.add_argument("--warm-seed", type=int, default=0, help="the fixed checkpoint's seed")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--out", default="bench-results/grpo-only")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step, 1 seed (CI)")
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
@@ -58,28 +56,19 @@ def main() -> None:
         args.out = tempfile.mkdtemp(prefix="polar-bench-grpo-only-")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = {
-        "steps": args.steps,
-        "per_step": args.per_step,
-        "samples": args.samples,
-        "eval_tasks": args.eval_tasks,
-        "sft_tasks": args.sft_tasks,
-        "threads": args.threads,
-        "sft_epochs": args.sft_epochs,
-    }
     warm_dir = out / "warm"
     if not args.report_only:
-        fixed_checkpoint(recipe(model, args.warm_seed, **sizes), warm_dir)
+        fixed_checkpoint(recipe_from(args, model, args.warm_seed, {}), warm_dir)
     through_codex = {"harness": "codex", "eval_seed": args.eval_seed}
     runs = []
     for seed in args.seeds:
         arm_dir = out / f"seed-{seed}"
         if not args.report_only:
-            arm = recipe(model, seed, **sizes, options=through_codex)
+            arm = recipe_from(args, model, seed, through_codex)
             run_arms_apart([(arm, warm_dir, arm_dir)], together=False)
         runs.append(seed_record(seed, arm_dir))
         print(json.dumps({k: runs[-1][k] for k in ("seed", "before", "after")}), flush=True)
-    config = recipe(model, args.seeds[0], **sizes, options=through_codex)
+    config = recipe_from(args, model, args.seeds[0], through_codex)
     report = summarise(config.model_dump(mode="json"), runs)
     report.update(gain_noise(runs), warm=wall(warm_dir), args=vars(args))
     (out / "summary.json").write_text(json.dumps(report, indent=2))
