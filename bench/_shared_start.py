@@ -11,6 +11,7 @@ import multiprocessing
 import resource
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,20 @@ def add_sizes(parser: argparse.ArgumentParser, *, sft_tasks: int = 16) -> None:
     parser.add_argument("--eval-tasks", type=int, default=6, help="held-out chores (x2 samples)")
     parser.add_argument("--sft-tasks", type=int, default=sft_tasks, help="demonstrated chores")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per arm")
+
+
+def smoke_sizes(args: argparse.Namespace, name: str) -> str:
+    """With ``--smoke``: every such bench's CI sizes (the tiny model, one seed, one step of one
+    group of 2, one held-out chore, 2 demonstrations, one warm-start epoch where the bench
+    has the option) and a fresh output folder. Returns the model to run."""
+    if not args.smoke:
+        return "smollm2"
+    args.seeds, args.steps, args.per_step, args.samples = [0], 1, 1, 2
+    args.eval_tasks, args.sft_tasks = 1, 2
+    if hasattr(args, "sft_epochs"):
+        args.sft_epochs = 1
+    args.out = tempfile.mkdtemp(prefix=f"polar-bench-{name}-")
+    return "tiny"
 
 
 def recipe_from(

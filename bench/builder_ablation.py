@@ -29,11 +29,18 @@ import argparse
 import json
 import re
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from _shared_start import add_sizes, fmt, recipe_from, run_arms_apart, wall, warm_start
+from _shared_start import (
+    add_sizes,
+    fmt,
+    recipe_from,
+    run_arms_apart,
+    smoke_sizes,
+    wall,
+    warm_start,
+)
 from polar.capture.store import CaptureStore
 from polar.training.metrics import read_jsonl
 
@@ -61,11 +68,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step per arm (CI)")
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
     args = parser.parse_args()
-    model = "smollm2"
+    model = smoke_sizes(args, "builder-ablation")
     if args.smoke:
-        model, args.seeds, args.steps, args.per_step, args.samples = "tiny", [0], 1, 1, 2
-        args.eval_tasks, args.sft_tasks, args.sft_epochs, args.max_calls = 1, 2, 1, 4
-        args.out = tempfile.mkdtemp(prefix="polar-bench-builder-ablation-")
+        args.max_calls = 4
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []

@@ -28,11 +28,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from _shared_start import add_sizes, fmt, recipe_from, run_arms_apart, wall, warm_start
+from _shared_start import (
+    add_sizes,
+    fmt,
+    recipe_from,
+    run_arms_apart,
+    smoke_sizes,
+    wall,
+    warm_start,
+)
 from polar.capture.store import CaptureStore
 from tool_use import _num, _verdict, run_record, summarise
 
@@ -49,11 +56,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step, 1 seed (CI)")
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
     args = parser.parse_args()
-    model = "smollm2"
-    if args.smoke:
-        model, args.seeds, args.steps, args.per_step, args.samples = "tiny", [0], 1, 1, 2
-        args.eval_tasks, args.sft_tasks, args.sft_epochs = 1, 2, 1
-        args.out = tempfile.mkdtemp(prefix="polar-bench-grpo-only-")
+    model = smoke_sizes(args, "grpo-only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     warm_dir = out / "warm"

@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from _shared_start import add_sizes, fmt, recipe_from, run_arm, wall, warm_start
+from _shared_start import add_sizes, fmt, recipe_from, run_arm, smoke_sizes, wall, warm_start
 from polar.training.metrics import read_jsonl
 from polar.training.trainer_config import TrainConfig
 
@@ -46,11 +45,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step per arm (CI)")
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
     args = parser.parse_args()
-    model = "smollm2"
-    if args.smoke:
-        model, args.seeds, args.steps, args.per_step, args.samples = "tiny", [0], 1, 1, 2
-        args.eval_tasks, args.sft_tasks = 1, 2
-        args.out = tempfile.mkdtemp(prefix="polar-bench-turn-credit-")
+    model = smoke_sizes(args, "turn-credit")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     arms = {"w0": 0.0, f"w{args.weight:g}": args.weight}
