@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from polar.engines.embedded import load_model
+from polar.harnesses.pi import COMPACT_SETTINGS
 from polar.schemas.trajectory import Trace
 from polar.training.advantages import ScoredTrace
 from polar.training.batch import make_batch
 from polar.training.losses import loss_weights
-from polar.training.tool_use import COMPACT_SETTINGS, Chore, chores
+from polar.training.tool_use import Chore, chores
 from polar.training.trainer import EmbeddedTrainer
 from polar.training.trainer_config import TrainConfig
 
