@@ -60,8 +60,9 @@ def use_arenas(arenas: int | None) -> bool:
 def training_phase(mmap_threshold: int | None) -> Iterator[None]:
     """While the model trains, blocks of ``mmap_threshold`` bytes and up get a mapping of their
     own, returned to the system when freed, instead of fragmenting the heap; after it, the
-    serving threshold and a trim. Not while serving: the engine grows its key-value caches by
-    a new block per token, and a mapping each time would slow decoding. None: no change."""
+    serving threshold (the phase's end trims, :func:`release_freed`, if the run asks). Not
+    while serving: the engine grows its key-value caches by a new block per token, and a
+    mapping each time would slow decoding. None: no change."""
     libc = _libc()
     if mmap_threshold is None or libc is None:
         yield
@@ -72,7 +73,6 @@ def training_phase(mmap_threshold: int | None) -> Iterator[None]:
         yield
     finally:
         libc.mallopt(_M_MMAP_THRESHOLD, SERVING_MMAP_THRESHOLD)
-        release_freed()
 
 
 def release_freed() -> bool:
