@@ -1,5 +1,5 @@
-"""What the benches that compare GRPO arms from one warm start share (turn_credit,
-builder_ablation): the tool_use recipe at a bench's sizes, one warm start per seed whose
+"""What the benches that run GRPO arms from one warm start share (turn_credit,
+builder_ablation, grpo_only): the tool_use recipe at a bench's sizes, one warm start per seed whose
 checkpoint seeds every arm, and an arm run from it in a process of its own (its peak memory
 is then its own)."""
 

@@ -41,6 +41,7 @@ from _shared_start import (
     wall,
     warm_start,
 )
+from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.training.metrics import read_jsonl
 
@@ -102,6 +103,7 @@ def arm_record(arm_dir: Path) -> dict[str, Any]:
     steps = read_jsonl(arm_dir / "metrics.jsonl")
     evals = read_jsonl(arm_dir / "eval.jsonl")
     updated = [s for s in steps if s["optimizer_steps"]]
+    sessions = train_sessions(arm_dir / "polar" / "captures.db")
 
     def mean(key: str, rows: list[dict[str, Any]] = steps) -> float | None:
         return statistics.fmean(r[key] for r in rows) if rows else None
@@ -121,84 +123,85 @@ def arm_record(arm_dir: Path) -> dict[str, Any]:
         "after": evals[-1]["pass_rate"] if len(evals) > 1 else None,
         "after_calls_per_session": evals[-1]["calls_per_session"] if len(evals) > 1 else None,
         "logprob_mismatch_max": max((s["logprob_mismatch_max"] for s in steps), default=None),
-        "prediction": predicted_ratio(arm_dir / "polar" / "captures.db"),
-        "shortcuts": shortcuts(arm_dir / "polar"),
+        "prediction": predicted_ratio(sessions),
+        "shortcuts": shortcuts(sessions, verdicts(arm_dir / "polar")),
         **wall(arm_dir),
     }
 
 
-def predicted_ratio(db: Path) -> dict[str, Any] | None:
-    """From the arm's captured training sessions: tokens a per_request trainer forwards,
-    sum_i (P_i + S_i), over a merged one's, P_n + S_n (summed over sessions)."""
+def train_sessions(db: Path) -> list[tuple[dict[str, Any], list[CaptureRecord]]] | None:
+    """The arm's captured training sessions (metadata, calls), read once for both analyses;
+    None without a capture store."""
     if not db.exists():
         return None
     store = CaptureStore(db)
     try:
-        per_call = merged = calls = sessions = 0
-        for sid, meta in store.sessions().items():
-            if not str(meta.get("task_id", "")).startswith("train"):
-                continue
-            rows = store.summaries(sid)
-            if not rows:
-                continue
-            per_call += sum(r["n_prompt"] + r["n_sampled"] for r in rows)
-            merged += rows[-1]["n_prompt"] + rows[-1]["n_sampled"]
-            calls += len(rows)
-            sessions += 1
+        return [
+            (meta, records)
+            for sid, meta in store.sessions().items()
+            if str(meta.get("task_id", "")).startswith("train") and (records := store.records(sid))
+        ]
     finally:
         store.close()
+
+
+def verdicts(run: Path) -> dict[str, bool]:
+    """Session id -> whether the task's check passed, from the rollout server's results."""
+    found = {}
+    for path in (run / "rollout" / "results").glob("train-*.jsonl"):
+        for row in read_jsonl(path):
+            found[row["session_id"]] = bool((row.get("evaluation") or {}).get("verdict"))
+    return found
+
+
+def predicted_ratio(
+    sessions: list[tuple[dict[str, Any], list[CaptureRecord]]] | None,
+) -> dict[str, Any] | None:
+    """Tokens a per_request trainer forwards for these sessions, sum_i (P_i + S_i), over a
+    merged one's, P_n + S_n (summed over sessions)."""
     if not sessions:
         return None
+    per_call = sum(len(r.prompt_ids) + len(r.sampled_ids) for _, calls in sessions for r in calls)
+    merged = sum(len(calls[-1].prompt_ids) + len(calls[-1].sampled_ids) for _, calls in sessions)
+    calls = sum(len(calls) for _, calls in sessions)
     return {
-        "sessions": sessions,
-        "calls_per_session": round(calls / sessions, 2),
+        "sessions": len(sessions),
+        "calls_per_session": round(calls / len(sessions), 2),
         "per_request_tokens": per_call,
         "merged_tokens": merged,
         "ratio": round(per_call / merged, 2),
     }
 
 
-def shortcuts(run: Path) -> dict[str, int] | None:
+def shortcuts(
+    sessions: list[tuple[dict[str, Any], list[CaptureRecord]]] | None, passed_by: dict[str, bool]
+) -> dict[str, int] | None:
     """How an arm's training sessions went about it, where a credit failure would show: a pass
     without a call that read every seeded file (the answer guessed), sessions that only echo
     or call no tool, repeated identical calls, and sessions at the call limit (a loop the
     session-level reward does not tell apart). From the captured calls and the checks' verdicts."""
-    db = run / "captures.db"
-    if not db.exists():
+    if sessions is None:
         return None
-    verdicts = {}
-    for path in (run / "rollout" / "results").glob("train-*.jsonl"):
-        for row in read_jsonl(path):
-            verdicts[row["session_id"]] = bool((row.get("evaluation") or {}).get("verdict"))
     found = dict.fromkeys(
         ("sessions", "passed", "passed_without_reading_all", "no_tool_call", "echo_only"), 0
     )
     found |= {"repeated_calls": 0, "at_call_limit": 0}
-    store = CaptureStore(db)
-    try:
-        for sid, meta in store.sessions().items():
-            if not str(meta.get("task_id", "")).startswith("train"):
-                continue
-            records = store.records(sid)
-            if not records:
-                continue
-            asked = str(records[0].upstream_request["messages"][-1].get("content", ""))
-            files = set(re.findall(r"\b[a-e]\.txt\b", asked))
-            commands = [c for r in records for c in _commands(r.response)]
-            unread = {
-                f for f in files if not any(f in c and not c.startswith("echo") for c in commands)
-            }
-            passed = verdicts.get(sid, False)
-            limit = meta.get("max_model_calls")
-            found["sessions"] += 1
-            found["passed"] += passed
-            found["passed_without_reading_all"] += passed and bool(unread)
-            found["no_tool_call"] += not commands
-            found["echo_only"] += bool(commands) and all(c.startswith("echo") for c in commands)
-            found["repeated_calls"] += len(commands) - len(set(commands))
-            found["at_call_limit"] += limit is not None and len(records) >= limit
-    finally:
-        store.close()
+    for meta, records in sessions:
+        asked = str(records[0].upstream_request["messages"][-1].get("content", ""))
+        files = set(re.findall(r"\b[a-e]\.txt\b", asked))
+        commands = [c for r in records for c in _commands(r.response)]
+        unread = {
+            f for f in files if not any(f in c and not c.startswith("echo") for c in commands)
+        }
+        passed = passed_by.get(records[0].session_id, False)
+        limit = meta.get("max_model_calls")
+        found["sessions"] += 1
+        found["passed"] += passed
+        found["passed_without_reading_all"] += passed and bool(unread)
+        found["no_tool_call"] += not commands
+        found["echo_only"] += bool(commands) and all(c.startswith("echo") for c in commands)
+        found["repeated_calls"] += len(commands) - len(set(commands))
+        found["at_call_limit"] += limit is not None and len(records) >= limit
     return found
 
 
