@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.engines.model_files import load_tokenizer
 from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
@@ -50,11 +51,16 @@ TASKS = [
 
 
 class Tap:
-    """A reverse proxy that keeps, per engine call, the prompt ids the engine itself reports."""
+    """A reverse proxy that keeps, per engine call, the prompt ids the engine itself reports.
+
+    Calls are keyed by the engine's own response id, which the gateway records as
+    ``engine_completion_id``: two calls may sample the same ids (the same short tool call in two
+    sessions), so the sampled ids cannot tell them apart."""
 
     def __init__(self, engine_url: str) -> None:
         self.engine_url = engine_url.rstrip("/")
-        self.calls: list[tuple[list[int], list[int]]] = []  # (engine prompt ids, sampled ids)
+        # engine response id -> (engine prompt ids, sampled ids)
+        self.calls: dict[str, tuple[list[int], list[int]]] = {}
         self.client = httpx.AsyncClient(base_url=self.engine_url, timeout=600)
 
     def app(self) -> Starlette:
@@ -70,7 +76,7 @@ class Tap:
                 data = orjson.loads(reply.content)
                 choice = data["choices"][0]
                 prompt = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
-                self.calls.append((list(prompt), list(choice.get("token_ids") or [])))
+                self.calls[str(data["id"])] = (list(prompt), list(choice.get("token_ids") or []))
             return Response(
                 reply.content, status_code=reply.status_code, media_type="application/json"
             )
@@ -137,19 +143,20 @@ async def run_mode(engine_url: str, mode: str, sessions: int, turns: int) -> dic
         store = CaptureStore(config.capture_db)
         app = create_app(config, store=store)
         with BackgroundServer(app) as gateway:
-            client = AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-            cpu0, wall0 = time.process_time(), time.perf_counter()
             keys = [f"bench-{mode}-{i}" for i in range(sessions)]
-            counts = await asyncio.gather(
-                *(
-                    drive(client, key, TASKS[i % len(TASKS)], turns, seed=i)
-                    for i, key in enumerate(keys)
+            async with AsyncOpenAI(
+                base_url=gateway.url + "/v1", api_key="unused", max_retries=0
+            ) as client:
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                counts = await asyncio.gather(
+                    *(
+                        drive(client, key, TASKS[i % len(TASKS)], turns, seed=i)
+                        for i, key in enumerate(keys)
+                    )
                 )
-            )
-            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             captured = {key: store.records(key) for key in keys}
     await tap.client.aclose()
-    engine_prompts = {tuple(sampled): prompt for prompt, sampled in tap.calls}
     totals: Counter[str] = Counter()
     for key in keys:
         records = captured[key]
@@ -167,7 +174,7 @@ async def run_mode(engine_url: str, mode: str, sessions: int, turns: int) -> dic
                     if index:
                         totals[f"{tag}_merged"] += 1
                         # The TAP's record of what the engine conditioned on, not the builder's.
-                        if seen == engine_prompts.get(tuple(rec.sampled_ids)):
+                        if seen == _engine_prompt(tap, rec):
                             totals[f"{tag}_exact"] += 1
                     position += max(n, 0) + len(rec.sampled_ids)
                     context = list(rec.prompt_ids) + list(rec.sampled_ids)
@@ -191,6 +198,15 @@ async def run_mode(engine_url: str, mode: str, sessions: int, turns: int) -> dic
         "cpu_ms_per_call": round(1000 * cpu / max(1, totals["calls"]), 2),
         "wall_s": round(wall, 1),
     }
+
+
+def _engine_prompt(tap: Tap, record: CaptureRecord) -> list[int] | None:
+    """The prompt ids the engine reported for this record's call (None if the tap has no such
+    call, or its sampled ids differ from the record's)."""
+    call = tap.calls.get(record.engine_completion_id or "")
+    if call is None or call[1] != list(record.sampled_ids):
+        return None
+    return call[0]
 
 
 def _tolerant() -> PrefixMergingBuilder:
