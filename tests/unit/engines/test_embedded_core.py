@@ -284,6 +284,8 @@ def test_weights_update_waits_bumps_the_version_and_clears_the_prefix_cache(
         time.sleep(0.001)  # until it has started
     with core.weights_update() as module:
         assert in_flight.done()  # it finished before the update began
+        # Stale from here on, so freed before the update allocates (not after it).
+        assert len(core.prefix_cache) == 0 and core.prefix_cache.nbytes == 0
         with torch.no_grad():
             module.model.norm.weight.mul_(1.5)
         queued = core.submit(

@@ -122,17 +122,19 @@ class Scheduler:
         """Hold generation while the caller changes the weights of the yielded module.
 
         Blocks the calling thread until in-flight generations finish; queued requests wait
-        and resume afterwards, so every completion comes from exactly one policy version.
+        and resume afterwards, so every completion comes from exactly one policy version. The
+        prefix cache is emptied once they have: its entries are stale as soon as the weights
+        change, and freeing them first lets the caller's update reuse that memory.
         """
         with self._cond:
             self._paused += 1
             while self._active:
                 self._cond.wait()
+            self.prefix_cache.clear()
         try:
             yield self.module
         finally:
             with self._cond:
-                self.prefix_cache.clear()
                 if bump:
                     self._policy_version += 1
                 self._paused -= 1
