@@ -24,6 +24,7 @@ from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import httpx
 import pytest
@@ -488,6 +489,42 @@ def test_a_trainer_in_its_own_namespace_is_left_alone(env: Env) -> None:
     ray.kill(trainer)
 
 
+def test_down_also_kills_a_gateway_that_comes_up_while_it_runs(env: Env) -> None:
+    """A gateway the rollout server was creating when `down` listed the actors registers after
+    the listing (CI saw one outlive `polar ray up`'s teardown). `down` lists again until none
+    is left, so that one is killed too, and nothing is left when `down` returns."""
+    namespace = "late-gateway"
+
+    @ray.remote(num_cpus=0)
+    class Stub:
+        def ping(self) -> bool:
+            return True
+
+    def start(name: str) -> None:
+        actor = Stub.options(name=name, namespace=namespace, lifetime="detached").remote()
+        assert ray.get(actor.ping.remote(), timeout=60)
+
+    start("polar-rollout")
+    start("polar-gw-early")
+    real_kill = ray.kill
+    late: list[str] = []
+
+    def kill_then_a_late_gateway(actor: Any, **kwargs: Any) -> None:
+        real_kill(actor, **kwargs)
+        if not late:  # the rollout server's creation in flight lands after the listing
+            late.append("polar-gw-late")
+            start("polar-gw-late")
+
+    try:
+        with patch.object(ray, "kill", kill_then_a_late_gateway):
+            killed = polar_down(namespace)
+        assert killed[0] == "polar-rollout"
+        assert set(killed) == {"polar-rollout", "polar-gw-early", "polar-gw-late"}, killed
+        assert not _actors_in(namespace)
+    finally:
+        polar_down(namespace)
+
+
 def _up_file(env: Env, tmp: Path, namespace: str) -> Path:
     """A `polar ray up` file like the module's, with its own namespace, port and dirs."""
     config = deepcopy(env.config)
@@ -510,6 +547,8 @@ def _actors_in(namespace: str) -> list[str]:
 def _torn_down(namespace: str) -> None:
     try:
         wait(lambda: not _actors_in(namespace), 30, f"no Polar actor left in {namespace}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_actors_in(namespace)} still up") from None
     finally:
         polar_down(namespace)  # whatever the test found, leave nothing to later tests
 

@@ -82,9 +82,34 @@ def attach(config: PolarRayConfig | dict[str, Any] | str | Path) -> PolarRay:
     return PolarRay(handle, where["url"], ray.get(handle.token.remote()), config.ray.namespace)
 
 
-def down(namespace: str = "polar") -> list[str]:
+def down(namespace: str = "polar", settle_s: float = 20.0) -> list[str]:
     """Kill Polar's named actors in ``namespace`` (the rollout server first, so nothing starts
-    a gateway again) and nothing else; returns their names. Never stops Ray itself."""
+    a gateway again) and nothing else; returns their names. Never stops Ray itself.
+
+    Waits, up to ``settle_s``, until none is listed any more, killing any that appears
+    meanwhile: a gateway the rollout server was creating when the listing was taken comes up
+    after it, detached, and would outlive everything else."""
+    import ray
+
+    killed: list[str] = []  # a name is unique among live actors, and nothing reuses a killed one
+    deadline = time.monotonic() + settle_s
+    while True:
+        listed = _polar_actors(namespace)
+        for name in listed:
+            if name in killed:
+                continue  # still dying
+            try:
+                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+            except ValueError:
+                continue  # gone meanwhile
+            killed.append(name)
+        if not listed or time.monotonic() >= deadline:
+            return killed
+        time.sleep(0.2)
+
+
+def _polar_actors(namespace: str) -> list[str]:
+    """Polar's live named actors in ``namespace``, the rollout server first."""
     import ray
 
     names = [
@@ -93,13 +118,7 @@ def down(namespace: str = "polar") -> list[str]:
         if entry.get("namespace") == namespace
         and (entry["name"] == ROLLOUT_ACTOR or entry["name"].startswith(GATEWAY_ACTOR_PREFIX))
     ]
-    names.sort(key=lambda name: name != ROLLOUT_ACTOR)
-    for name in names:
-        try:
-            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-        except ValueError:
-            continue  # gone meanwhile
-    return names
+    return sorted(names, key=lambda name: name != ROLLOUT_ACTOR)
 
 
 class PolarRay:
