@@ -491,7 +491,7 @@ def test_a_trainer_in_its_own_namespace_is_left_alone(env: Env) -> None:
 
 def test_down_also_kills_a_gateway_that_comes_up_while_it_runs(env: Env) -> None:
     """A gateway the rollout server was creating when `down` listed the actors registers after
-    the listing (CI saw one outlive `polar ray up`'s teardown). `down` lists again until none
+    the listing (a CI dry run saw one outlive `polar ray up`'s teardown). `down` lists again until none
     is left, so that one is killed too, and nothing is left when `down` returns."""
     namespace = "late-gateway"
 
