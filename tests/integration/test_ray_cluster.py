@@ -491,8 +491,8 @@ def test_a_trainer_in_its_own_namespace_is_left_alone(env: Env) -> None:
 
 def test_down_also_kills_a_gateway_that_comes_up_while_it_runs(env: Env) -> None:
     """A gateway the rollout server was creating when `down` listed the actors registers after
-    the listing (a CI dry run saw one outlive `polar ray up`'s teardown). `down` lists again until none
-    is left, so that one is killed too, and nothing is left when `down` returns."""
+    the listing (a CI dry run saw one outlive `polar ray up`'s teardown). `down` lists again
+    until none is left, so that one is killed too, and nothing is left when `down` returns."""
     namespace = "late-gateway"
 
     @ray.remote(num_cpus=0)
