@@ -160,13 +160,13 @@ async def run_mode(engine_url: str, mode: str, sessions: int, turns: int) -> dic
     totals: Counter[str] = Counter()
     for key in keys:
         records = captured[key]
+        by_id = {r.completion_id: r for r in records}
         for builder, tag in ((PrefixMergingBuilder(), "exact"), (_tolerant(), "tolerant")):
             trajectory = builder.build(records)
             totals[f"{tag}_traces"] += len(trajectory.traces)
             for trace in trajectory.traces:
                 context = list(trace.prompt_ids)
                 position = 0
-                by_id = {r.completion_id: r for r in records}
                 for index, cid in enumerate(trace.metadata["completion_ids"]):
                     rec = by_id[cid]
                     n = len(rec.prompt_ids) - len(context)
