@@ -182,8 +182,8 @@ def fine_tune(
     ``gradient_checkpointing`` keeps only each layer's input (the rows' shared prefix is then
     recomputed per row: more compute, a fraction of the memory).
     """
-    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
     params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr)
     part = max(1, forward_rows or micro_batch_size)
     rng = random.Random(seed)
     records = []
