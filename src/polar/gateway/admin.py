@@ -19,7 +19,7 @@ from polar.capture.records import CaptureRecord
 from polar.capture.store import RecordFault
 from polar.errors import CaptureError, CorruptRecord
 from polar.gateway.services import services
-from polar.gateway.sessions import GatewaySession, base_urls
+from polar.gateway.sessions import GatewaySession, SessionTags, base_urls
 from polar.schemas.ids import SessionId, new_session_id
 
 
@@ -29,7 +29,10 @@ class CreateSession(BaseModel):
     session_id: SessionId | None = Field(
         None, description="Optional; a random unguessable id otherwise."
     )
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: SessionTags = Field(
+        default_factory=SessionTags,
+        description="Facts the gateway reads (harness, max_model_calls, ...) and your own keys.",
+    )
 
 
 class SessionInfo(BaseModel):
@@ -65,7 +68,7 @@ def _info(request: Request, session: GatewaySession, calls: int) -> SessionInfo:
         base_urls=base_urls(services(request).config.base_url(), session.session_id),
         created_at=session.created_at,
         calls=calls,
-        metadata=session.metadata,
+        metadata=session.tags.stored(),
     )
 
 
@@ -94,10 +97,9 @@ async def create_session(request: Request, spec: CreateSession) -> SessionInfo:
             status_code=409, detail=f"session {session_id!r} was closed; it is never reopened"
         )
     try:
-        await services(request).store.add_session(session_id, spec.metadata)
+        session = await sessions.open(session_id, spec.metadata)
     except CaptureError as exc:  # the store cannot write now (full, locked): say so
         raise HTTPException(status_code=exc.status, detail=exc.message) from exc
-    session = sessions.add(GatewaySession(session_id=session_id, metadata=spec.metadata))
     return _info(request, session, 0)
 
 
@@ -160,8 +162,7 @@ def get_record(request: Request, session_id: SessionId, completion_id: str) -> C
 @router.delete("/sessions/{session_id}", status_code=204)
 async def delete_session(request: Request, session_id: SessionId) -> None:
     _session(request, session_id)
-    services(request).sessions.remove(session_id)
-    await services(request).store.delete_session(session_id)
+    await services(request).sessions.delete(session_id)
 
 
 @router.post("/pause")

@@ -21,12 +21,13 @@ from polar.engines.types import PrefixCacheCounters
 from polar.errors import EngineTimeout, EngineUnavailable
 from polar.gateway import admin
 from polar.gateway.config import GatewayConfig
+from polar.gateway.engine_facts import require_render_extra
 from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.pause import GenerationGate
 from polar.gateway.proxy import Proxy, json_response
-from polar.gateway.rendering import require_render_extra
+from polar.gateway.responses_websocket import ResponsesSocket
 from polar.gateway.services import GatewayServices
-from polar.gateway.sessions import GatewaySession, SessionTable
+from polar.gateway.sessions import SessionRegistry
 
 log = logging.getLogger("polar.gateway")
 
@@ -51,18 +52,10 @@ def create_app(
         what="gateway",
         how="the gateway then makes an admin token (or set admin_token / --admin-token).",
     )
-    sessions = SessionTable()
+    sessions = SessionRegistry(store, engine)
     # A node's sessions of an earlier life cannot resume (their runtimes are gone): they are
     # closed now, and their keys answer 401 from the first request on.
-    orphans = []
-    for session_id, metadata in store.sessions().items():
-        if metadata.get("closed"):
-            sessions.remove(session_id)
-        elif config.node is not None:
-            sessions.remove(session_id)
-            orphans.append(session_id)
-        else:
-            sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
+    orphans = sessions.restore(close_open=config.node is not None)
     gate = GenerationGate()
     metrics = GatewayMetrics()
     proxy = Proxy(config, engine, store, sessions, gate, metrics)
@@ -76,7 +69,7 @@ def create_app(
         except (EngineUnavailable, EngineTimeout) as exc:
             log.warning("engine not reachable yet: %s", exc)
         for session_id in orphans:
-            await store.close_session(session_id)
+            await sessions.close(session_id)
         node = gateway.node
         if node is not None:
             await node.start()
@@ -110,7 +103,7 @@ def create_app(
     app.include_router(admin.router)
     if config.node is not None:
         # Only a rollout node loads the runtime / harness / evaluator stack.
-        from polar.gateway.node_api import attach_lifecycle
+        from polar.gateway.node.node_api import attach_lifecycle
 
         attach_lifecycle(app, gateway, config.node)
 
@@ -138,6 +131,7 @@ def create_app(
         return await proxy(request)
 
     app.add_route("/{path:path}", model_api, methods=_ALL_METHODS, include_in_schema=False)
+    app.router.add_websocket_route("/{path:path}", ResponsesSocket(proxy).serve)
     return app
 
 

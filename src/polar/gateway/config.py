@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import resource
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar.config_loader import load_config
 from polar.engines.registry import EngineConfig
@@ -13,6 +15,8 @@ from polar.schemas.ids import NodeId
 from polar.schemas.sampling import SamplingPolicy  # users still import it from here
 from polar.serving import ServerLimits
 from polar.tokens import GATEWAY_TOKEN_FILE
+
+log = logging.getLogger("polar.gateway")
 
 
 class NodeConfig(BaseModel):
@@ -52,6 +56,11 @@ class NodeConfig(BaseModel):
     report_backoff_max_s: float = Field(10.0, gt=0, description="Result delivery backoff cap.")
     keep_finished: int = Field(4096, ge=0, description="Finished sessions kept for GET.")
 
+    def sandboxes_at_once(self) -> int:
+        """The most runtimes the node holds at once: ``ready_buffer`` being prepared or
+        waiting, one per run worker, one per POSTRUN worker (evaluate, then teardown)."""
+        return self.ready_buffer + self.run_workers + self.postrun_workers
+
 
 class RenderConfig(BaseModel):
     """Who renders prompts: the gateway (token prompts, exact merged contexts) or the engine."""
@@ -88,8 +97,19 @@ class RenderConfig(BaseModel):
         "reasoning: hermes, qwen3, qwen3_coder, llama3_json, glm47, ..., or module:Class. With "
         "no family known, naming one serves the model with its tokenizer's own template.",
     )
-    eot_token: str | None = Field(
-        None, description="Override the family's end-of-turn tokens with this one token."
+    engine_reasoning_parser: str | None = Field(
+        None,
+        description="The reasoning parser the engine runs (vLLM --reasoning-parser NAME), if "
+        "any: vLLM then applies a forced tool_choice's grammar only after the model ends its "
+        "reasoning (</think>), unless the prompt already ended it. The gateway sends the call "
+        "pattern that starts there and flags the record "
+        "tool_choice_enforced:<field>:after_reasoning; a model that never closes its reasoning "
+        "is not constrained.",
+    )
+    eot_token: list[str] | None = Field(
+        None,
+        description="Override the family's end-of-turn tokens: one token or a list of them "
+        "(Llama 3: [<|eot_id|>, <|eom_id|>]); the first is the one a turn usually ends with.",
     )
     reasoning_history: Literal["keep", "drop"] | None = Field(
         None,
@@ -108,6 +128,15 @@ class RenderConfig(BaseModel):
         "sampling.max_tokens nor a context window sets one (vLLM's /v1/completions stops at "
         "16 tokens without one); flagged max_tokens_defaulted on the record.",
     )
+
+    @field_validator("eot_token", mode="before")
+    @classmethod
+    def _one_or_several(cls, value: object) -> object:
+        """A single token is a list of one; an empty list or token would end no turn."""
+        tokens = [value] if isinstance(value, str) else value
+        if isinstance(tokens, list) and (not tokens or "" in tokens):
+            raise ValueError("eot_token needs at least one non-empty token")
+        return tokens
 
 
 class GatewayConfig(BaseModel):
@@ -177,6 +206,36 @@ class GatewayConfig(BaseModel):
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    def server_limits(self) -> ServerLimits:
+        """``limits`` as the gateway's server applies them: a node's reserve also holds what
+        its sandboxes' gateway relays may open (their connections bypass the server's cap).
+
+        Where the descriptor limit cannot hold every relay at its cap beside the server's own
+        connections, the relays get half of what ``reserved_fds`` leaves and a warning names
+        the limit that would hold both: the whole reserve would leave the server one
+        connection, refusing every harness and the rollout server (1,000 run slots ask
+        67,000 descriptors for relays; bench/rollout_scale.py)."""
+        if self.node is None:
+            return self.limits
+        from polar.runtimes.gateway_relay import relay_descriptors
+
+        relays = relay_descriptors(self.node.sandboxes_at_once())
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        budget = soft if hard == resource.RLIM_INFINITY else hard  # as raise_descriptor_limit
+        share = max(0, budget - self.limits.reserved_fds) // 2
+        if budget != resource.RLIM_INFINITY and relays > share:
+            needed = self.limits.reserved_fds + relays + 2 * self.limits.max_connections
+            log.warning(
+                "descriptor limit %d cannot hold the relays of %d sandboxes at their cap (%d) "
+                "beside %d connections; relays get %d: raise the hard limit (ulimit -Hn, "
+                "LimitNOFILE) to %d, or lower the node's workers",
+                budget, self.node.sandboxes_at_once(), relays,
+                self.limits.max_connections, share, needed,
+            )  # fmt: skip
+            relays = share
+        reserve = self.limits.reserved_fds + relays
+        return self.limits.model_copy(update={"reserved_fds": reserve})
 
     def token_file(self) -> Path:
         """Where the gateway keeps the admin token it made (when none is configured)."""

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from polar.capture.store import CaptureStore
 from polar.engines.types import PrefixCacheCounters
 from polar.errors import ClientDisconnected, GatewayError
-from polar.gateway.sessions import SessionTable
+from polar.gateway.sessions import SessionRegistry
 from polar.schemas.node import NodeStatus
 
 T = TypeVar("T")
@@ -196,12 +196,14 @@ class GatewayMetrics:
                 self.prefix_cache_ratio.labels(replica).set(c.hit_ratio)
 
     def response(
-        self, store: CaptureStore, sessions: SessionTable, node: NodeStatus | None
+        self, store: CaptureStore, sessions: SessionRegistry, node: NodeStatus | None
     ) -> Response:
         """The scrape's answer: the text exposition format, the state gauges read now."""
         return Response(self.render(store, sessions, node), media_type=CONTENT_TYPE_LATEST)
 
-    def render(self, store: CaptureStore, sessions: SessionTable, node: NodeStatus | None) -> bytes:
+    def render(
+        self, store: CaptureStore, sessions: SessionRegistry, node: NodeStatus | None
+    ) -> bytes:
         """The exposition text, with the state gauges read now."""
         self.capture_queue.set(store.queue_depth)
         self.capture_fault.set(0 if store.fault is None else 1)

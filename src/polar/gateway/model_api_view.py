@@ -11,7 +11,8 @@ before the gateway sees the request (its body unread):
   ``key_headers``: ``x-api-key``, ``x-goog-api-key``) or a ``?key=`` naming any other key: 403;
 - ``/polar/*`` (admin, node), ``/health``, ``/docs``, ``/openapi.json``, ``/redoc``, any other
   path, and paths with ``.``/``..`` segments: 404;
-- websockets and any other scope: closed.
+- a websocket (OpenAI Responses' WebSocket mode) is narrowed as a request is, and a refused one
+  closed with 1008 before its upgrade completes; any other scope: closed.
 """
 
 from __future__ import annotations
@@ -73,15 +74,16 @@ class ModelApiView:
         self.session_id = session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008})
+        if scope["type"] not in ("http", "websocket"):
             return
         try:
-            path = own_path(scope["method"], scope["path"], self.session_id)
+            path = own_path(scope.get("method", "GET"), scope["path"], self.session_id)
             check_keys(scope["headers"], scope.get("query_string", b""), self.session_id)
         except Refusal as refusal:
-            await _answer(refusal)(scope, receive, send)
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008, "reason": refusal.message})
+            else:
+                await _answer(refusal)(scope, receive, send)
             return
         scope = {
             **scope,

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from polar.capture.harness_ids import harness_ids
 from polar.capture.records import (
     MAX_REQUEST_DEPTH,
     CaptureRecord,
@@ -35,19 +36,23 @@ from polar.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from polar.gateway.call_ids import CallIds
 from polar.gateway.config import GatewayConfig
+from polar.gateway.engine_facts import EngineFacts, discover
 from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.pause import GenerationGate
 from polar.gateway.policy import apply_policy
-from polar.gateway.rendering import EngineFacts, TokenPrompts, discover, fit_output_budget
+from polar.gateway.request_features import reasoning_for_engine
 from polar.gateway.sessions import (
     GatewaySession,
-    SessionTable,
+    SessionRegistry,
+    SessionTags,
     key_from_headers,
     split_session_prefix,
 )
 from polar.gateway.stored_replies import StoredReplies
 from polar.gateway.streaming import early_refusal, live_stream
+from polar.gateway.token_prompts import TokenPrompts, fit_output_budget
 from polar.harnesses.registry import harnesses, side_call_tag
 from polar.logs import log_event
 from polar.providers.base import COUNT_TOKENS, Provider, RequestContext
@@ -55,10 +60,17 @@ from polar.providers.registry import ProviderSet, routing_table
 from polar.providers.stateful import RETRIEVE
 from polar.providers.types import Completion, NormalizedRequest
 from polar.rendering.renderer import PromptPlan
+from polar.rendering.turns import TurnBook
+from polar.schemas.flags import FLAG_WEBSOCKET
+from polar.schemas.harness_ids import HarnessIds
 from polar.schemas.ids import is_valid_id
 
 log = logging.getLogger("polar.gateway")
 T = TypeVar("T")
+
+OVER_WEBSOCKET = "polar.over_websocket"
+"""The ASGI scope key (True) of a call a Responses WebSocket frame stands for: its reply is kept
+for the connection whatever ``store`` says, and its record is flagged."""
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -81,7 +93,7 @@ class Proxy:
         config: GatewayConfig,
         engine: Engine,
         store: CaptureStore,
-        sessions: SessionTable,
+        sessions: SessionRegistry,
         gate: GenerationGate,
         metrics: GatewayMetrics,
     ) -> None:
@@ -96,6 +108,7 @@ class Proxy:
         self.pause_wait_s = 600.0
         self.prompts: TokenPrompts | None = None
         self.replies = StoredReplies(store)
+        self.call_ids = CallIds(store, sessions)
         self._facts: EngineFacts | None = None
         self._facts_lock = asyncio.Lock()
 
@@ -137,12 +150,29 @@ class Proxy:
             assert provider is not None
             session = session or await self._register(key)
             normalized = provider.parse_request(body, ctx)
+            # History names each call by the model's own id, whatever id the harness was given
+            # (a stored reply's context, put before it next, is the engine's own already).
+            call_ids = await self.call_ids.of(session.session_id)
+            normalized.messages = call_ids.to_model(normalized.messages)
             await self.replies.resume(provider, session, normalized)
+            if normalized.made_up_call_ids:
+                normalized.messages = call_ids.own_ids(
+                    normalized.messages,
+                    normalized.tools,
+                    normalized.made_up_call_ids,
+                    await self._turn_book(session),
+                )
             tag_side_call(session, normalized, ctx)
             if operation == COUNT_TOKENS:
                 count = await self._count(session, normalized)
                 return json_response(provider.render_token_count(count))
-            return await self._generate(provider, session, normalized, body, request.receive)
+            prepared = _Prepared(
+                harness_ids=harness_ids(ctx.headers),
+                over_websocket=bool(request.scope.get(OVER_WEBSOCKET)),
+            )
+            return await self._generate(
+                provider, session, normalized, body, request.receive, prepared
+            )
         except GatewayError as err:
             self._log_error(self._caller(key, ctx), provider, err)
             return self._error(provider, err)
@@ -164,7 +194,7 @@ class Proxy:
         """``call.error`` (INFO: the caller got its provider's error), or
         ``call.unexpected_error`` with the traceback for a bug. An unknown key is never logged
         (it may be someone's real API key)."""
-        meta = session.metadata if session is not None else {}
+        tags = session.tags if session is not None else SessionTags()
         log_event(
             log,
             "call.unexpected_error" if bug is not None else "call.error",
@@ -172,8 +202,8 @@ class Proxy:
             level=logging.ERROR if bug is not None else logging.INFO,
             exc_info=bug,
             session_id=session.session_id if session is not None else None,
-            task_id=meta.get("task_id"),
-            node_id=meta.get("node_id"),
+            task_id=tags.task_id,
+            node_id=tags.node_id,
             provider=provider.name if provider is not None else None,
             kind=err.kind,
             http_status=err.status,
@@ -212,13 +242,8 @@ class Proxy:
 
     async def _register(self, key: str | None) -> GatewaySession:
         assert key is not None
-        session = self.sessions.get(key)  # another call may have registered it meanwhile
-        if session is None:
-            session = self.sessions.add(
-                GatewaySession(session_id=key, metadata={"auto_registered": True})
-            )
-            await self.store.add_session(key, session.metadata)
-        return session
+        # Another call may have opened it meanwhile: opening is idempotent.
+        return await self.sessions.open(key, SessionTags(auto_registered=True))
 
     async def _generate(
         self,
@@ -227,25 +252,28 @@ class Proxy:
         normalized: NormalizedRequest,
         body: Any,
         receive: Receive,
+        prepared: _Prepared,
     ) -> Response:
-        started = time.time()
+        prepared.started = time.time()
         session.admit_call()
         call = self.metrics.call(provider.name, normalized.stream)
+        session.call_opened()  # until the answer is ready: the engine's time, not the harness's
         try:
-            flags, plan = await self._prepare(session, normalized)
+            prepared.flags, prepared.plan = await self._prepare(session, normalized)
         except BaseException as exc:
+            session.call_closed()
             call.end(exc)
             raise
-        produce = self._produce(
-            provider, session, normalized, body, _Prepared(started, flags, plan), receive
+        work = asyncio.ensure_future(
+            self._produce(provider, session, normalized, body, prepared, receive)
         )
+        work.add_done_callback(lambda _: session.call_closed())
         if not normalized.stream:
-            completion = await call.watch(produce, in_stream=False)
+            completion = await call.watch(work, in_stream=False)
             return json_response(provider.render_response(completion, normalized))
         # Everything before this line answers with a plain HTTP error. A stream's headers wait
         # out a short grace: what fails in it (an engine's 429 or 400) keeps its status too;
         # after it the stream opens, and a pause, the engine or the capture write fails in-stream.
-        work = asyncio.ensure_future(produce)
         refused = await early_refusal(work, self.config.stream_status_grace_s)
         if refused is not None:
             call.end(refused)
@@ -277,6 +305,7 @@ class Proxy:
                 session.session_id, normalized, facts.context_window, flags
             )
             return flags, plan
+        reasoning_for_engine(normalized)
         if facts.context_window:
             prompt_tokens = await self.engine.count_tokens(normalized)
             fit_output_budget(normalized, prompt_tokens, facts.context_window, flags)
@@ -310,15 +339,17 @@ class Proxy:
             version = (
                 result.policy_version if result.policy_version is not None else self.policy_version
             )
-        record = self._record(
-            provider, session, normalized, body, result, prepared.started, version, prepared.flags
-        )
+        call_ids = await self.call_ids.of(session.session_id)
+        given = call_ids.issue([c.id for c in result.completion.tool_calls])
+        record = self._record(provider, session, normalized, body, result, prepared, version, given)
         await self.metrics.capture_commit(self.store.append(record, checked=True))
         self.metrics.tokens(provider.name, len(record.prompt_ids), len(record.sampled_ids))
         if plan is not None and self.prompts is not None:
             self.prompts.remember(session.session_id, plan, record.completion_id, result)
-        completion = with_gateway_id(result.completion, record)
-        await self.replies.keep(provider, session, completion, normalized)
+        completion = with_gateway_ids(result.completion, record)
+        await self.replies.keep(
+            provider, session, completion, normalized, for_connection=prepared.over_websocket
+        )
         return completion
 
     async def facts(self) -> EngineFacts:
@@ -336,6 +367,11 @@ class Proxy:
                         )
                     self._facts = facts
         return self._facts
+
+    async def _turn_book(self, session: GatewaySession) -> TurnBook | None:
+        """The session's sampled turns, under gateway rendering (else None)."""
+        await self.facts()
+        return self.prompts.book(session.session_id) if self.prompts is not None else None
 
     async def _count(self, session: GatewaySession, normalized: NormalizedRequest) -> int:
         """Token counting (count_tokens, input_tokens, countTokens) for the SERVED model: with
@@ -373,11 +409,11 @@ class Proxy:
         normalized: NormalizedRequest,
         body: Any,
         result: EngineResult,
-        started: float,
+        prepared: _Prepared,
         version: int | None,
-        flags: list[str],
+        harness_call_ids: list[str],
     ) -> CaptureRecord:
-        completion = result.completion
+        completion, flags = result.completion, prepared.flags
         return CaptureRecord(
             completion_id=new_completion_id(),
             engine_completion_id=completion.id,
@@ -386,21 +422,25 @@ class Proxy:
             model=normalized.model,
             engine=result.engine,
             policy_version=version,
-            started_at=started,
+            started_at=prepared.started,
             finished_at=time.time(),
             request=body if self.config.store_raw_requests else None,
             upstream_request=result.upstream_request,
             response=assistant_message(completion),
+            harness_call_ids=harness_call_ids,
             prompt_ids=result.tokens.prompt_ids,
             sampled_ids=result.tokens.sampled_ids,
             logprobs=result.tokens.logprobs,
             finish_reason=completion.finish_reason,
             sampling=result.sampling,
-            flags=flags + result.tokens.flags,
+            flags=flags
+            + result.tokens.flags
+            + ([FLAG_WEBSOCKET] if prepared.over_websocket else []),
             tags=list(normalized.capture.tags),
             dropped_tools=normalized.dropped_tools,
             notes=normalized.capture.record_notes(),
             routed_experts=result.tokens.routed_experts,
+            harness_ids=prepared.harness_ids,
         )
 
     def _error(self, provider: Provider | None, err: GatewayError) -> Response:
@@ -412,16 +452,21 @@ class Proxy:
 
 @dataclass
 class _Prepared:
-    """What the pre-checks decided for one call."""
+    """What one call brought (its headers, its transport) and what the pre-checks decided."""
 
-    started: float
-    flags: list[str]
-    plan: PromptPlan | None
+    harness_ids: HarnessIds | None = None  # the CLI's own agent ids, from the request headers
+    over_websocket: bool = False  # a WebSocket frame: its connection keeps its replies
+    started: float = 0.0
+    flags: list[str] = field(default_factory=list)
+    plan: PromptPlan | None = None
 
 
-def with_gateway_id(completion: Completion, record: CaptureRecord) -> Completion:
-    """The completion under its record's id, as the harness sees it (engines may repeat ids)."""
+def with_gateway_ids(completion: Completion, record: CaptureRecord) -> Completion:
+    """The completion under its record's ids, as the harness sees them: the call's own
+    (engines may repeat theirs) and each tool call's issued id (models may repeat theirs)."""
     completion.id = record.completion_id
+    for call, given in zip(completion.tool_calls, record.harness_call_ids, strict=True):
+        call.id = given
     return completion
 
 
@@ -442,8 +487,8 @@ def tag_side_call(
     session: GatewaySession, normalized: NormalizedRequest, ctx: RequestContext
 ) -> None:
     """Tag calls that are not agent turns (titles, routing, memory) by the session's harness."""
-    harness = session.metadata.get("harness")
-    if not isinstance(harness, str) or harness not in harnesses:
+    harness = session.tags.harness
+    if harness is None or harness not in harnesses:
         return
     tag = side_call_tag(harness, normalized, ctx.headers)
     if tag:

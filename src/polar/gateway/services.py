@@ -17,10 +17,10 @@ from polar.engines.base import Engine
 from polar.gateway.config import GatewayConfig
 from polar.gateway.pause import GenerationGate
 from polar.gateway.proxy import Proxy
-from polar.gateway.sessions import SessionTable
+from polar.gateway.sessions import SessionRegistry
 
 if TYPE_CHECKING:
-    from polar.gateway.node_api import GatewayNode
+    from polar.gateway.node.node_api import GatewayNode
 
 
 @dataclass
@@ -31,7 +31,7 @@ class GatewayServices:
     config: GatewayConfig
     engine: Engine
     store: CaptureStore
-    sessions: SessionTable
+    sessions: SessionRegistry
     gate: GenerationGate
     proxy: Proxy
     admin_token: str | None = None

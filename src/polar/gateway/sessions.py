@@ -1,17 +1,58 @@
-"""Capture sessions: unguessable keys, and finding a request's session from its URL or key."""
+"""Capture sessions: their one owner (:class:`SessionRegistry`), their typed facts
+(:class:`SessionTags`), unguessable keys, and finding a request's session from its URL or key."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polar.capture.store import CaptureStore
+from polar.engines.base import Engine
 from polar.errors import AuthenticationFailed, CallBudgetSpent
 from polar.providers.registry import routing_table
 
 SESSION_PREFIX = "/s/"
+log = logging.getLogger("polar.gateway")
+
+
+class SessionTags(BaseModel):
+    """What a session was opened with: the facts the gateway reads (typed, never by string
+    key), and a caller's own keys kept beside them. Stored as the session row's JSON, under
+    the same keys as before, so stores written before read the same."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    task_id: str | None = None
+    sample_index: int | None = None
+    node_id: str | None = None
+    max_model_calls: int | None = None
+    """Refuse model calls past this many (the task's ``agent.max_model_calls``)."""
+    harness: str | None = None
+    """The harness behind the key, for tagging its side calls (titles, routing, memory)."""
+    auto_registered: bool | None = None
+    """Opened by the first call with an unknown key (``auto_register``)."""
+
+    def stored(self) -> dict[str, Any]:
+        """The row's JSON: the keys given, a fact left out when None (as the bag had it)."""
+        unset = {name for name in type(self).model_fields if getattr(self, name) is None}
+        return self.model_dump(exclude_unset=True, exclude=unset)
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> SessionTags:
+        """A stored row's tags. A fact whose value does not fit its type (a row no gateway
+        wrote) is left out, as the gateway ignored it before, rather than failing a start."""
+        try:
+            return cls.model_validate(stored)
+        except ValidationError as exc:
+            bad = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+            log.warning("session tags %s ignored: they do not fit their types", sorted(bad))
+            return cls.model_validate({k: v for k, v in stored.items() if k not in bad})
 
 
 @dataclass
@@ -21,16 +62,18 @@ class GatewaySession:
 
     session_id: str
     created_at: float = field(default_factory=time.time)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    tags: SessionTags = field(default_factory=SessionTags)
     admitted: int = 0
     """Model calls let through since this gateway process saw the session."""
     budget_spent: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a call past ``max_model_calls`` was refused: the run ends then."""
+    _open_calls: int = 0
+    _open_since: float = 0.0
+    _model_s: float = 0.0
 
     @property
     def max_model_calls(self) -> int | None:
-        cap = self.metadata.get("max_model_calls")
-        return int(cap) if cap is not None else None
+        return self.tags.max_model_calls
 
     def admit_call(self) -> None:
         """Count one model call, or refuse it past the task's ``max_model_calls``.
@@ -46,6 +89,26 @@ class GatewaySession:
                 "(agent.max_model_calls)"
             )
         self.admitted += 1
+
+    def call_opened(self) -> None:
+        """One of the session's model calls is now with the gateway (see model_seconds)."""
+        if self._open_calls == 0:
+            self._open_since = time.monotonic()
+        self._open_calls += 1
+
+    def call_closed(self) -> None:
+        """That call has its answer (or failed)."""
+        self._open_calls -= 1
+        if self._open_calls == 0:
+            self._model_s += time.monotonic() - self._open_since
+
+    def model_seconds(self) -> float:
+        """Seconds during which at least one of the session's model calls was with the
+        gateway: waiting for the engine (or its model to load), generating, being committed.
+        The engine's time, not the harness's (``timeout_counts_model_time``)."""
+        if self._open_calls:
+            return self._model_s + time.monotonic() - self._open_since
+        return self._model_s
 
 
 def split_session_prefix(path: str) -> tuple[str | None, str]:
@@ -82,38 +145,80 @@ class SessionClosed(AuthenticationFailed):
     """The session was closed; its id never names a live session again (HTTP 401)."""
 
 
-class SessionTable:
-    """In-memory view of live sessions (the capture store keeps them durably), and the ids of
-    closed ones, which can never be added again."""
+class SessionRegistry:
+    """The one owner of a gateway's sessions: the live table, the ids of closed ones (never
+    live again), and their rows in the capture store. Every open, close and delete goes
+    through here; the store is written first where the key starts working, and last where it
+    stops (a key never works that a restart would not bring back)."""
 
-    def __init__(self) -> None:
-        self._sessions: dict[str, GatewaySession] = {}
+    def __init__(self, store: CaptureStore, engine: Engine | None = None) -> None:
+        self._store = store
+        self._engine = engine
+        self._live: dict[str, GatewaySession] = {}
         self._closed: set[str] = set()
 
-    def add(self, session: GatewaySession) -> GatewaySession:
-        """Raises SessionClosed for the id of a closed session."""
-        if session.session_id in self._closed:
-            raise SessionClosed(f"session {session.session_id!r} is closed")
-        self._sessions[session.session_id] = session
-        return session
+    # -- reading ---------------------------------------------------------------------------
 
     def get(self, session_id: str | None) -> GatewaySession | None:
-        return self._sessions.get(session_id) if session_id else None
+        return self._live.get(session_id) if session_id else None
 
     def is_closed(self, session_id: str) -> bool:
         return session_id in self._closed
 
-    def remove(self, session_id: str) -> GatewaySession | None:
-        """Close a session: its key stops working and its id cannot be added again."""
-        self._closed.add(session_id)
-        return self._sessions.pop(session_id, None)
-
-    def forget(self, session_id: str) -> GatewaySession | None:
-        """Drop a session that never started (its dispatch was refused): not closed."""
-        return self._sessions.pop(session_id, None)
-
     def all(self) -> list[GatewaySession]:
-        return list(self._sessions.values())
+        return list(self._live.values())
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self._live)
+
+    # -- changing --------------------------------------------------------------------------
+
+    async def open(self, session_id: str, tags: SessionTags | None = None) -> GatewaySession:
+        """The session's key works from now on, durably (its row is written first). Opening a
+        live id again returns it as it is; a closed id raises SessionClosed."""
+        live = self._live.get(session_id)
+        if live is not None:
+            return live
+        self._refuse_closed(session_id)
+        tags = tags or SessionTags()
+        await self._store.add_session(session_id, tags.stored())
+        self._refuse_closed(session_id)  # closed while its row was being written
+        # Another open of this id may have finished meanwhile: one session object for both.
+        return self._live.setdefault(session_id, GatewaySession(session_id, tags=tags))
+
+    async def close(self, session_id: str) -> None:
+        """The session's key stops working, now and after a restart; the engine lets go of it
+        (a pool's replica assignment). Its records stay. Closing again changes nothing."""
+        self._end(session_id)
+        await self._store.close_session(session_id)
+
+    async def delete(self, session_id: str) -> None:
+        """Close the session and drop its records (its row stays, closed: never reopened)."""
+        self._end(session_id)
+        await self._store.delete_session(session_id)
+
+    def restore(self, *, close_open: bool = False) -> list[str]:
+        """Rebuild the table from the store at start-up: closed sessions stay closed, open ones
+        are live again. ``close_open`` (a node: its sessions' runtimes died with its earlier
+        life) closes those instead; their ids are returned, for :meth:`close` to write once
+        the event loop runs. Their keys answer 401 from the first request on."""
+        closed = self._store.closed_sessions()
+        unclosed = []
+        for session_id, stored in self._store.sessions().items():
+            if session_id in closed or close_open:
+                self._closed.add(session_id)
+                if session_id not in closed:
+                    unclosed.append(session_id)
+            else:
+                self._live[session_id] = GatewaySession(session_id, tags=SessionTags.read(stored))
+        return unclosed
+
+    def _end(self, session_id: str) -> None:
+        self._closed.add(session_id)
+        self._live.pop(session_id, None)
+        if self._engine is not None:
+            self._engine.end_session(session_id)
+
+    def _refuse_closed(self, session_id: str) -> None:
+        if session_id in self._closed:
+            raise SessionClosed(f"session {session_id!r} is closed")

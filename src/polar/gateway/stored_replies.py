@@ -6,6 +6,9 @@ that record: the messages the engine was sent and the assistant message it answe
 as captured (reasoning and tool calls included). With gateway-side rendering the continued
 prompt then extends the earlier call's sampled ids, like any call that replays its history.
 A session sees only its own replies: another session's id is as unknown as a made-up one.
+A call over a connection that keeps its replies for its own life (a Responses WebSocket, whose
+``store: false`` turns still continue by ``previous_response_id``) is kept whatever ``store``
+says; that connection forgets those replies when it closes.
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ class StoredReplies:
         session: GatewaySession,
         completion: Completion,
         request: NormalizedRequest,
+        *,
+        for_connection: bool = False,
     ) -> None:
-        """Keep ``completion``'s reply when its API stores replies and the client asked to."""
+        """Keep ``completion``'s reply when its API stores replies and the client asked to (or
+        its connection keeps them all: ``for_connection``)."""
         if not isinstance(provider, StatefulReplies):
             return
-        kept = provider.reply_to_store(completion, request)
+        kept = provider.reply_to_store(completion, request, always=for_connection)
         if kept is not None:
             reply_id, body = kept
             await self.store.keep_reply(session.session_id, reply_id, completion.id, body)

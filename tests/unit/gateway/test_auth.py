@@ -150,7 +150,7 @@ def test_a_restarted_node_closes_the_sessions_of_its_earlier_life(
     with BackgroundServer(app) as server:
         call = httpx.post(f"{server.url}/s/{sid}/v1/chat/completions", json=CHAT, timeout=30)
         assert call.status_code == 401
-        assert app_services(app).store.sessions()[sid]["closed"] is True
+        assert sid in app_services(app).store.closed_sessions()
 
 
 def test_a_closed_sessions_records_stay_readable_by_the_operator(
@@ -168,8 +168,7 @@ def test_a_closed_sessions_records_stay_readable_by_the_operator(
     with BackgroundServer(app) as server:
         live = "ps-a-live-session-000000000001"
         call = made_with_a_call(server, admin, live)
-        app_services(app).sessions.remove(live)  # as the node closes a finished session
-        asyncio.run(app_services(app).store.close_session(live))
+        asyncio.run(app_services(app).sessions.close(live))  # as the node closes a finished one
         assert (
             httpx.post(f"{server.url}/s/{live}/v1/chat/completions", json=CHAT).status_code == 401
         )

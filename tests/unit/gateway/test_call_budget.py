@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from polar.errors import CallBudgetSpent, HarnessError
-from polar.gateway.call_budget import CALLS_SPENT, ModelCallsSpent, until_calls_spent
-from polar.gateway.sessions import GatewaySession
+from polar.gateway.node.call_budget import CALLS_SPENT, ModelCallsSpent, until_calls_spent
+from polar.gateway.sessions import GatewaySession, SessionTags
 
 
 def test_calls_up_to_the_cap_pass_and_the_next_is_a_400_that_marks_the_budget_spent() -> None:
-    session = GatewaySession("ps-a", metadata={"max_model_calls": 2})
+    session = GatewaySession("ps-a", tags=SessionTags(max_model_calls=2))
     session.admit_call()
     session.admit_call()
     assert not session.budget_spent.is_set()
@@ -31,7 +31,7 @@ def test_no_cap_means_no_limit() -> None:
 
 
 async def test_a_harness_that_ignores_the_refusal_is_cancelled() -> None:
-    session = GatewaySession("ps-c", metadata={"max_model_calls": 1})
+    session = GatewaySession("ps-c", tags=SessionTags(max_model_calls=1))
     cancelled = asyncio.Event()
 
     async def stubborn() -> str:
@@ -52,7 +52,7 @@ async def test_a_harness_that_ignores_the_refusal_is_cancelled() -> None:
 
 
 async def test_a_harness_that_exits_on_the_refusal_ends_as_calls_spent_not_as_a_crash() -> None:
-    session = GatewaySession("ps-d", metadata={"max_model_calls": 1})
+    session = GatewaySession("ps-d", tags=SessionTags(max_model_calls=1))
 
     async def exits_on_error() -> str:
         session.budget_spent.set()
@@ -63,7 +63,7 @@ async def test_a_harness_that_exits_on_the_refusal_ends_as_calls_spent_not_as_a_
 
 
 async def test_a_crash_before_the_cap_stays_a_crash_and_a_clean_run_returns() -> None:
-    session = GatewaySession("ps-e", metadata={"max_model_calls": 3})
+    session = GatewaySession("ps-e", tags=SessionTags(max_model_calls=3))
 
     async def crashes() -> str:
         raise HarnessError("exited with status 7")
@@ -79,7 +79,7 @@ async def test_a_crash_before_the_cap_stays_a_crash_and_a_clean_run_returns() ->
 
 
 async def test_cancelling_the_stage_cancels_the_harness_run_too() -> None:
-    session = GatewaySession("ps-f", metadata={"max_model_calls": 4})
+    session = GatewaySession("ps-f", tags=SessionTags(max_model_calls=4))
     started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def harness() -> str:

@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from polar.capture.store import CaptureStore
-from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.services import app_services
+from polar.rendering.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 
 LONG = "word " * 400  # ~400 tokens
 
@@ -102,7 +102,7 @@ async def test_an_engine_that_does_not_serve_the_models_endpoint_fails_the_start
 ) -> None:
     from polar.engines.vllm import VLLMEngine
     from polar.errors import ConfigError
-    from polar.gateway.rendering import discover
+    from polar.gateway.engine_facts import discover
 
     engine = VLLMEngine("http://127.0.0.1:9/v1", timeout_s=2)
     with pytest.raises(ConfigError, match="ends in /v1"):
@@ -114,7 +114,7 @@ async def test_an_engine_without_tokenize_is_named_at_start_and_calls_still_work
     tmp_path: Path,
 ) -> None:
     from polar.errors import EngineRejected
-    from polar.gateway.rendering import discover
+    from polar.gateway.engine_facts import discover
 
     class NoTokenize(ScriptedEngine):
         async def count_tokens(self, request: Any) -> int:

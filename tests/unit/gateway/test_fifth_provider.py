@@ -17,8 +17,8 @@ from polar.errors import GatewayError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.model_api_view import ModelApiView
+from polar.gateway.node.session_work import session_env
 from polar.gateway.services import app_services
-from polar.gateway.session_work import session_env
 from polar.harnesses.base import HarnessContext
 from polar.providers.base import GENERATE, Provider, RequestContext, require_dict, sse
 from polar.providers.registry import PROVIDERS, routing_table

@@ -161,3 +161,34 @@ def test_dot_segments_are_refused(path: str) -> None:
     with pytest.raises(Refusal) as refused:
         own_path("POST", path, OWN)
     assert refused.value.status == 404
+
+
+async def upgrade(gateway: Recorder, path: str, headers: list[tuple[bytes, bytes]]) -> list[Any]:
+    """A websocket scope through the view: what came back (a refusal's close, or the stand-in
+    gateway's answer)."""
+    scope = {"type": "websocket", "path": path, "headers": headers, "query_string": b""}
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "websocket.connect"}
+
+    await ModelApiView(gateway, OWN)(scope, receive, send)
+    return sent
+
+
+async def test_a_websocket_is_narrowed_as_a_request_is(gateway):
+    own = [(b"authorization", f"Bearer {OWN}".encode())]
+    await upgrade(gateway, "/v1/responses", own)
+    assert gateway.seen[-1]["path"] == f"/s/{OWN}/v1/responses"
+    assert gateway.seen[-1]["type"] == "websocket"
+    for path, headers in [
+        ("/v1/responses", [(b"authorization", f"Bearer {OTHER}".encode())]),
+        (f"/s/{OTHER}/v1/responses", own),
+        ("/polar/sessions", own),
+    ]:
+        closed = await upgrade(gateway, path, headers)
+        assert closed[0]["type"] == "websocket.close" and closed[0]["code"] == 1008, path
+    assert len(gateway.seen) == 1

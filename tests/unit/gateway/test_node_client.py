@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from polar.gateway.config import NodeConfig
-from polar.gateway.node_client import NodeClient
+from polar.gateway.node.node_client import NodeClient
 from polar.schemas.node import NodeStatus, Registered, Workers
 from polar.schemas.task import SessionResult, SessionStatus
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from artifacts import llama_cpp_template, qwen_tokenizer  # tests/artifacts.py
-from polar.engines.model_files import load_tokenizer
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.errors import ConfigError
 from polar.gateway.config import GatewayConfig
-from polar.gateway.rendering import discover
+from polar.gateway.engine_facts import discover
+from polar.rendering.model_files import load_tokenizer
 
 
 def engine(tokenizer: Any) -> ScriptedEngine:
@@ -73,3 +73,18 @@ async def test_config_names_the_family_and_overrides_parser_and_policy(tmp_path:
     assert (renderer.parser.name, renderer.reasoning_history) == ("hermes", "keep")
     with pytest.raises(ConfigError, match="unknown model family 'nope'"):
         await discover(config(tmp_path, family="nope"), engine(load_tokenizer()))
+
+
+async def test_eot_token_takes_one_token_or_several(tmp_path: Path) -> None:
+    tok = load_tokenizer()
+    ids = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<repo_name>")]
+    render = {"eot_token": ["<|im_end|>", "<repo_name>"]}
+    facts = await discover(config(tmp_path, **render), engine(tok))
+    assert facts.renderer is not None
+    assert facts.renderer.turn_ends == dict(zip(ids, render["eot_token"], strict=True))
+    assert facts.renderer.eot_id == ids[0]  # the first: what a turn usually ends with
+    facts = await discover(config(tmp_path, eot_token="<repo_name>"), engine(tok))
+    assert facts.renderer is not None and facts.renderer.turn_ends == {ids[1]: "<repo_name>"}
+    for empty in ([], [""], ""):
+        with pytest.raises(ValueError, match="at least one non-empty token"):
+            config(tmp_path, eot_token=empty)

@@ -5,8 +5,8 @@ import pytest
 from polar.errors import ContextLengthExceeded
 from polar.gateway.config import GatewayConfig, SamplingPolicy
 from polar.gateway.policy import apply_policy
-from polar.gateway.rendering import fit_output_budget
 from polar.gateway.sessions import base_urls, key_from_headers, split_session_prefix
+from polar.gateway.token_prompts import fit_output_budget
 from polar.providers.types import NormalizedRequest, SamplingParams
 from polar.schemas.flags import FLAG_MAX_TOKENS_CLAMPED
 from polar.schemas.ids import new_session_id

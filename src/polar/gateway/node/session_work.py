@@ -20,14 +20,14 @@ from typing import Any
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
-from polar.errors import HarnessError, HarnessTimeout
+from polar.errors import CaptureError, HarnessError, HarnessTimeout
 from polar.evaluators.base import EvaluationContext, EvaluationResult
 from polar.evaluators.registry import create_evaluator
-from polar.gateway.call_budget import until_calls_spent
 from polar.gateway.config import GatewayConfig, NodeConfig
-from polar.gateway.executors import evaluator_threads
-from polar.gateway.lifecycle import NodeSession, RunOutcome
-from polar.gateway.sessions import GatewaySession, SessionTable, session_url
+from polar.gateway.node.call_budget import until_calls_spent
+from polar.gateway.node.executors import evaluator_threads
+from polar.gateway.node.lifecycle import NodeSession, RunOutcome
+from polar.gateway.sessions import GatewaySession, SessionRegistry, SessionTags, session_url
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.install import default_prefix
 from polar.harnesses.registry import harness_for
@@ -61,7 +61,7 @@ class NodeContext:
     gateway: GatewayConfig
     node: NodeConfig
     store: CaptureStore
-    sessions: SessionTable
+    sessions: SessionRegistry
     policy_version: Callable[[], int]
     model_api: Callable[[str], AsgiApp] | None = None
     """The session's model-API view for its runtimes (the sandbox reaches that, nothing else)."""
@@ -97,6 +97,7 @@ class RolloutWork:
         self._prewarm: asyncio.Task[None] | None = None
         self.exit_code: int | None = None
         self.built: Trajectory | None = None
+        self._calls: GatewaySession | None = None
 
     # -- INIT ------------------------------------------------------------------------------
 
@@ -119,9 +120,11 @@ class RolloutWork:
             await runtime.make_dirs(env["POLAR_ARTIFACT_DIR"], env["POLAR_LOG_DIR"])
             launch = harness_for(agent).prepare(self._harness_context(runtime))
             launch = replace(launch, env={**env, **launch.env})
+            self._calls = self.ctx.sessions.get(self.session.session_id)
+            # A budget that pauses for model calls is enforced by the lifecycle alone.
+            timeout_s = budget_s if self.task.timeout_counts_model_time else None
             outcome = await until_calls_spent(
-                run_launch(launch, runtime, timeout_s=budget_s, harness=name),
-                self.ctx.sessions.get(self.session.session_id),
+                run_launch(launch, runtime, timeout_s=timeout_s, harness=name), self._calls
             )
             self.exit_code = outcome.exit_code
         except HarnessTimeout as exc:
@@ -133,10 +136,11 @@ class RolloutWork:
         finally:
             # The session's key stops working, now and after a restart: the trajectory is
             # built from a closed record.
-            self.ctx.sessions.remove(self.session.session_id)
-            if self.ctx.engine is not None:
-                self.ctx.engine.end_session(self.session.session_id)
-            await self.ctx.store.close_session(self.session.session_id)
+            await self.ctx.sessions.close(self.session.session_id)
+
+    def model_seconds(self) -> float:
+        """How long the session's model calls have been with the gateway during RUN."""
+        return self._calls.model_seconds() if self._calls is not None else 0.0
 
     def _harness_context(self, runtime: Runtime) -> HarnessContext:
         agent = self.task.agent
@@ -235,7 +239,7 @@ class RolloutWork:
         finally:
             for hook in hooks:
                 await hook.aclose()
-        trajectory.metadata["turn_rewards"] = attach_turn_rewards(trajectory, scores)
+        attach_turn_rewards(trajectory, scores)
 
     async def _evaluate(self, trajectory: Trajectory) -> EvaluationResult:
         runtime = self.runtime
@@ -284,8 +288,9 @@ class RolloutWork:
         return create_runtime(self.task.runtime, session_dir, self._gateway_url(), model_api=view)
 
     async def abort(self) -> None:
-        """Stop everything this session started (the runtime, a pre-warmed one)."""
-        self.ctx.sessions.remove(self.session.session_id)
+        """Stop everything this session started (the runtime, a pre-warmed one), and close its
+        key if RUN did not (it never ran, or was cancelled)."""
+        await self._close_key()
         if self._prewarm is not None and not self._prewarm.done():
             self._prewarm.cancel()
             await asyncio.wait({self._prewarm})
@@ -293,6 +298,24 @@ class RolloutWork:
             if runtime is not None:
                 with contextlib.suppress(Exception):
                     await runtime.stop()
+
+    async def _close_key(self) -> None:
+        """Close the session's key unless RUN did. Its key stops working at once; a store that
+        cannot write the close now is only logged: the node closes every session still open
+        in its store when it starts again, and the teardown must go on."""
+        session_id = self.session.session_id
+        if self.ctx.sessions.is_closed(session_id):
+            return
+        try:
+            await self.ctx.sessions.close(session_id)
+        except CaptureError as exc:
+            self.session.log(
+                "session.close_failed",
+                f"closing {session_id} in the capture store failed: {exc}",
+                level=logging.WARNING,
+                logger=log,
+                error=repr(exc),
+            )
 
     # -- metadata --------------------------------------------------------------------------
 
@@ -312,10 +335,17 @@ class RolloutWork:
         return self.ctx.gateway.base_url()
 
 
-async def register_session(ctx: NodeContext, session_id: str, metadata: dict[str, Any]) -> None:
-    """Make the session's key valid on this gateway (durably, before the dispatch is acked)."""
-    await ctx.store.add_session(session_id, metadata)
-    ctx.sessions.add(GatewaySession(session_id=session_id, metadata=metadata))
+async def open_session(ctx: NodeContext, session: NodeSession) -> None:
+    """Make an admitted session's key valid on this gateway (durably, before the dispatch is
+    acked), tagged with what the gateway reads of it."""
+    dispatch = session.dispatch
+    tags = SessionTags(
+        task_id=dispatch.task.task_id,
+        sample_index=dispatch.sample_index,
+        node_id=session.node_id,
+        max_model_calls=dispatch.task.agent.max_model_calls,
+    )
+    await ctx.sessions.open(session.session_id, tags)
 
 
 def _summary(evaluation: EvaluationResult | None) -> EvaluationSummary | None:

@@ -1,7 +1,7 @@
 """One session as a gateway node tracks it: where it is, its timings, how its stages ended.
 
-Apart from the pools (:mod:`polar.gateway.lifecycle`) so that the stage bodies
-(:mod:`polar.gateway.session_work`) and the pools share one record without either importing
+Apart from the pools (:mod:`polar.gateway.node.lifecycle`) so that the stage bodies
+(:mod:`polar.gateway.node.session_work`) and the pools share one record without either importing
 the other's machinery. How a stage's ending becomes the session's status and failure is decided
 here, once, from the session alone.
 """
@@ -40,7 +40,7 @@ UNSPECIFIED = SessionFailure(kind="agent", reason="unspecified")
 
 
 class SessionWork(Protocol):
-    """The stage bodies for one session (see :mod:`polar.gateway.session_work`)."""
+    """The stage bodies for one session (see :mod:`polar.gateway.node.session_work`)."""
 
     async def init(self) -> None:
         """Start the runtime and run the prepare steps."""
@@ -56,6 +56,8 @@ class SessionWork(Protocol):
 
     # Optional: ``built``, the trajectory once POST-RUN has built it. A POST-RUN that fails or
     # runs past its bound after that (a wedged evaluator) still returns it, with no reward.
+    # Optional: ``model_seconds()``, how long the session's model calls have been with the
+    # gateway; a task with ``timeout_counts_model_time: false`` gets that time back in RUN.
 
 
 WorkFactory = Callable[["NodeSession"], SessionWork]

@@ -13,8 +13,8 @@ most ``ready_buffer`` runtimes are being prepared or waiting prepared. With ``re
 there is no buffer: a run worker does INIT itself (the baseline the benchmark compares against).
 
 One time budget per session starts when INIT starts. What each stage does lives in
-:mod:`polar.gateway.session_work`, and each session's record (place, timings, what a stage's
-ending means) in :mod:`polar.gateway.node_session`; this module only moves sessions between
+:mod:`polar.gateway.node.session_work`, and each session's record (place, timings, what a stage's
+ending means) in :mod:`polar.gateway.node.node_session`; this module only moves sessions between
 stages, enforces the budget, and cancels. Every stage runs as its own asyncio task,
 so cancelling a session (or its budget running out) never disturbs the worker that runs it.
 
@@ -35,8 +35,8 @@ from typing import Any
 
 from polar.errors import AlreadyRan, NodeDraining, NodeFull
 from polar.gateway.config import NodeConfig
-from polar.gateway.executors import node_evaluator_pool, route_default_executor
-from polar.gateway.node_session import (
+from polar.gateway.node.executors import node_evaluator_pool, route_default_executor
+from polar.gateway.node.node_session import (
     BUDGET_EXHAUSTED,
     CANCELLED,
     CANCELLED_FAILURE,
@@ -71,7 +71,8 @@ RELEASE_GRACE_S = 10.0
 
 
 class Lifecycle:
-    """The pools of one node. ``on_finished`` receives every final SessionResult once."""
+    """The pools of one node. ``on_finished`` receives every final SessionResult once;
+    ``open_session`` makes an admitted session's key work (the gateway's registry)."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class Lifecycle:
         work_factory: WorkFactory,
         *,
         on_finished: Callable[[SessionResult], Awaitable[None]] | None = None,
+        open_session: Callable[[NodeSession], Awaitable[None]] | None = None,
         known_ids: set[str] | None = None,
         node_url: str = "",
     ) -> None:
@@ -86,6 +88,7 @@ class Lifecycle:
         self.node_url = node_url
         self.work_factory = work_factory
         self.on_finished = on_finished
+        self.open_session = open_session
         self.draining = False
         self.finished_count = 0
         self._known_ids = set(known_ids or ())
@@ -142,17 +145,36 @@ class Lifecycle:
 
     # -- the node API ----------------------------------------------------------------------
 
-    def dispatch(self, dispatch: SessionDispatch) -> tuple[NodeSession, bool]:
-        """Accept a session; a repeat of a known id returns it as it is (``created=False``)."""
-        existing = self._sessions.get(dispatch.session_id)
+    async def dispatch(self, dispatch: SessionDispatch) -> tuple[NodeSession, bool]:
+        """Admit a session and open it (``open_session``: its key works, durably, before the
+        dispatch is acknowledged), then queue it; a repeat of a known id returns it as it is
+        (``created=False``). Raises AlreadyRan, NodeDraining or NodeFull if it cannot start.
+
+        The session holds its place from admission on, so a dispatch arriving while this one
+        opens is counted against it (one check, no undo); only an open that fails gives the
+        place back, and the id may be dispatched again."""
+        sid = dispatch.session_id
+        existing = self._sessions.get(sid)
         if existing is not None:
             return existing, False
-        self.check_admission(dispatch.session_id)
+        if sid in self._known_ids:
+            raise AlreadyRan(sid)
+        if self.draining:
+            raise NodeDraining(self.config.node_id)
+        if len(self._active) >= self.config.queue_limit:
+            raise NodeFull(self.config.node_id)
         session = NodeSession(dispatch=dispatch, node_id=self.config.node_id)
         session.work = self.work_factory(session)
-        self._known_ids.add(session.session_id)
-        self._sessions[session.session_id] = session
-        self._active[session.session_id] = session
+        self._known_ids.add(sid)
+        self._sessions[sid] = self._active[sid] = session
+        if self.open_session is not None:
+            try:
+                await self.open_session(session)
+            except BaseException:
+                self._known_ids.discard(sid)
+                self._sessions.pop(sid, None)
+                self._active.pop(sid, None)
+                raise
         self._init_q.put_nowait(session)
         session.log(
             "session.accepted",
@@ -160,15 +182,6 @@ class Lifecycle:
             sample_index=dispatch.sample_index,
         )
         return session, True
-
-    def check_admission(self, session_id: str) -> None:
-        """Raise AlreadyRan, NodeDraining or NodeFull if a new ``session_id`` cannot start."""
-        if session_id in self._known_ids:
-            raise AlreadyRan(session_id)
-        if self.draining:
-            raise NodeDraining(self.config.node_id)
-        if len(self._active) >= self.config.queue_limit:
-            raise NodeFull(self.config.node_id)
 
     def get(self, session_id: str) -> NodeSession | None:
         return self._sessions.get(session_id)
@@ -329,21 +342,37 @@ class Lifecycle:
             f"session {session.session_id} running its harness",
             budget_s=round(budget, 3),
         )
-        failure = await self._stage(session, work.run(budget), budget_s=budget)
+        failure = await self._stage(
+            session, work.run(budget), budget_s=budget, paused_s=_model_clock(session, work)
+        )
         if failure is not None:
             session.record_stage_failure(failure, stage="run")
         session.log_stage_end("run", failure)
         self._to_postrun(session)
 
     async def _stage(
-        self, session: NodeSession, body: Coroutine[Any, Any, Any], budget_s: float | None
+        self,
+        session: NodeSession,
+        body: Coroutine[Any, Any, Any],
+        budget_s: float | None,
+        paused_s: Callable[[], float] | None = None,
     ) -> Any:
         """Run one stage body as its own task. Returns its value, or (not raised) the
-        TimeoutError, CancelledError or exception that ended it."""
+        TimeoutError, CancelledError or exception that ended it. ``paused_s``: a clock of
+        seconds that do not count against ``budget_s`` (the session's model calls)."""
         task = asyncio.create_task(body)
         session.stage_task = task
+        seen = paused_s() if paused_s is not None else 0.0
         try:
             done, _ = await asyncio.wait({task}, timeout=budget_s)
+            while not done and paused_s is not None and session.deadline is not None:
+                # The budget ran out but for the seconds paused meanwhile: they are given back.
+                now = paused_s()
+                paused, seen = now - seen, now
+                if paused <= 0:
+                    break
+                session.deadline += paused
+                done, _ = await asyncio.wait({task}, timeout=session.remaining())
             if not done:
                 task.cancel()
                 await self._released(task)
@@ -423,6 +452,15 @@ class Lifecycle:
         task = asyncio.create_task(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+
+
+def _model_clock(session: NodeSession, work: SessionWork) -> Callable[[], float] | None:
+    """The session's model-call clock when its budget leaves that time out
+    (``timeout_counts_model_time: false``) and its work keeps one."""
+    if session.dispatch.task.timeout_counts_model_time:
+        return None
+    clock: Callable[[], float] | None = getattr(work, "model_seconds", None)
+    return clock
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

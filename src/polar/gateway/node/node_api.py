@@ -13,12 +13,12 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from polar.auth import same_secret
 from polar.errors import AlreadyRan, NodeDraining, NodeFull
 from polar.gateway.config import NodeConfig
-from polar.gateway.lifecycle import Lifecycle
 from polar.gateway.listen import check_advertised
 from polar.gateway.model_api_view import model_api_views
-from polar.gateway.node_client import NodeClient
+from polar.gateway.node.lifecycle import Lifecycle
+from polar.gateway.node.node_client import NodeClient
+from polar.gateway.node.session_work import NodeContext, RolloutWork, open_session
 from polar.gateway.services import GatewayServices, services
-from polar.gateway.session_work import NodeContext, RolloutWork, register_session
 from polar.schemas.ids import SessionId
 from polar.schemas.node import NodeSessionInfo, NodeStatus, SessionDispatch
 from polar.schemas.task import SessionResult, SessionStatus
@@ -48,6 +48,7 @@ class GatewayNode:
             config,
             lambda session: RolloutWork(session, self.ctx),
             on_finished=self._on_finished,
+            open_session=lambda session: open_session(self.ctx, session),
             known_ids=set(gateway.store.session_ids()),
             node_url=gateway.config.base_url(),
         )
@@ -61,12 +62,12 @@ class GatewayNode:
         """Whether ``token`` is the credential this node's rollout server calls it with."""
         return self.client is not None and same_secret(token, self.client.credential)
 
-    def _retire(self, session_ids: list[str]) -> None:
+    async def _retire(self, session_ids: list[str]) -> None:
         """The rollout server already finished these sessions without this node (it declared
         the node dead): stop them, and their keys stop working."""
         for session_id in session_ids:
             self.lifecycle.cancel(session_id)
-            self.gateway.sessions.remove(session_id)
+            await self.gateway.sessions.close(session_id)
 
     async def start(self) -> None:
         url = self.gateway.config.base_url()
@@ -115,26 +116,9 @@ async def dispatch_session(
     request: Request, response: Response, dispatch: SessionDispatch
 ) -> NodeSessionInfo:
     """Start a session (201), or return it unchanged if this id was dispatched before (200)."""
-    node = _node(request)
-    lifecycle = node.lifecycle
-    if lifecycle.get(dispatch.session_id) is None:
-        try:
-            lifecycle.check_admission(dispatch.session_id)
-        except (AlreadyRan, NodeDraining, NodeFull) as exc:
-            raise _refusal(exc) from exc
-        metadata = {
-            "task_id": dispatch.task.task_id,
-            "sample_index": dispatch.sample_index,
-            "node_id": node.config.node_id,
-        }
-        if dispatch.task.agent.max_model_calls is not None:
-            metadata["max_model_calls"] = dispatch.task.agent.max_model_calls
-        await register_session(node.ctx, dispatch.session_id, metadata)
     try:
-        session, created = lifecycle.dispatch(dispatch)
+        session, created = await _node(request).lifecycle.dispatch(dispatch)
     except (AlreadyRan, NodeDraining, NodeFull) as exc:
-        if lifecycle.get(dispatch.session_id) is None:
-            node.ctx.sessions.forget(dispatch.session_id)
         raise _refusal(exc) from exc
     response.status_code = 201 if created else 200
     return session.info()

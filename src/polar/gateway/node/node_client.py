@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
@@ -49,7 +49,7 @@ class NodeClient:
         sessions: Callable[[], dict[str, SessionStatus]],
         client: httpx.AsyncClient | None = None,
         *,
-        retire: Callable[[list[str]], None] | None = None,
+        retire: Callable[[list[str]], Awaitable[None]] | None = None,
     ) -> None:
         if not config.rollout_url:
             raise ValueError("NodeClient needs node.rollout_url")
@@ -254,6 +254,6 @@ class NodeClient:
         if answer.credential:
             self._keep_credential(answer.credential)
         if answer.retired and self.retire is not None:
-            self.retire(answer.retired)
+            await self.retire(answer.retired)
         self._interval = min(self.config.heartbeat_s, max(answer.heartbeat_s, _MIN_INTERVAL_S))
         return Outcome.DELIVERED
