@@ -20,6 +20,15 @@ Request quirks handled here and nowhere else:
 * A final assistant message is a prefill: the engine continues it and the reply is only the
   continuation. Text documents become user text; PDF documents are a 400 naming them.
   ``disable_parallel_tool_use`` travels as ``parallel_tool_calls: false``.
+* ``thinking`` (enabled / adaptive / disabled) is the reasoning switch and
+  ``output_config.effort`` its effort (:mod:`polar.providers.reasoning`); ``display: omitted``
+  answers thinking blocks with an empty text and the signature (which still carries the
+  reasoning back, so history stays exact, and the record keeps it whole).
+* ``context_management``: ``clear_thinking_20251015`` is applied to the history before
+  rendering (the prompt changes, so a spliced trace is rendered whole where it did); the other
+  edits (``clear_tool_uses_20250919``, ...) need the prompt's token count, which the adapter
+  does not have: a 400 naming them. ``defer_loading`` tools are declared up front: there is no
+  tool search here (its tools are server tools, refused by name).
 * ``cache_control``, ``metadata`` and citations are ignored.
 
 Replies: a ``thinking`` block (signed with :func:`encode_reasoning`) when the completion has
@@ -58,6 +67,12 @@ from polar.providers.base import (
     sse,
     stop_list,
 )
+from polar.providers.reasoning import (
+    ANTHROPIC_EFFORTS,
+    effort,
+    effort_word,
+    record_budget,
+)
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
 from polar.providers.routing import ProviderRouting
 from polar.providers.types import (
@@ -65,6 +80,9 @@ from polar.providers.types import (
     Completion,
     Message,
     NormalizedRequest,
+    ReasoningControls,
+    ReasoningEffort,
+    ReasoningSwitch,
     ResponseFormat,
     SamplingParams,
     Tool,
@@ -192,6 +210,7 @@ class AnthropicProvider(Provider):
             raise InvalidRequest("messages: at least one message is required")
         for index, message in enumerate(messages):
             history.extend(conversion.message(message, f"messages[{index}]"))
+        _context_management(body.get("context_management"), history, capture)
 
         tools = _tools(body.get("tools"), capture)
         tool_choice = _tool_choice(body.get("tool_choice"))
@@ -205,7 +224,7 @@ class AnthropicProvider(Provider):
         messages = [{"role": "system", "content": system}] if system else []
         messages.extend(history)
 
-        _check_thinking(body.get("thinking"))  # checked only: the engines have no thinking switch
+        switch, omit = _thinking(body.get("thinking"), capture)
         return NormalizedRequest(
             provider=self.name,
             model=model,
@@ -219,10 +238,13 @@ class AnthropicProvider(Provider):
             response_format=_output_format(body, capture),
             continue_final=prefill,
             parallel_tool_calls=parallel,
+            reasoning=ReasoningControls(switch=switch, effort=_effort(body)),
+            adapter_state=AnthropicState(omit_thinking=omit),
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
-        return _message(completion, request, _content_blocks(completion), _stop_reason(completion))
+        blocks = _content_blocks(completion, _state(request))
+        return _message(completion, request, blocks, _stop_reason(completion))
 
     def render_stream(self, completion: Completion, request: NormalizedRequest) -> list[bytes]:
         start = _message(completion, request, [], None)
@@ -231,7 +253,7 @@ class AnthropicProvider(Provider):
             sse({"type": "message_start", "message": start}, "message_start"),
             sse({"type": "ping"}, "ping"),
         ]
-        for index, block in enumerate(_content_blocks(completion)):
+        for index, block in enumerate(_content_blocks(completion, _state(request))):
             opening, deltas = _block_events(block)
             frames.append(
                 sse(
@@ -281,6 +303,19 @@ class AnthropicProvider(Provider):
 
     def render_token_count(self, count: int) -> dict[str, Any]:
         return {"input_tokens": count}
+
+
+@dataclass
+class AnthropicState:
+    """What this adapter remembers between parsing a request and rendering its reply."""
+
+    # thinking.display "omitted": thinking blocks carry only their signature.
+    omit_thinking: bool = False
+
+
+def _state(request: NormalizedRequest) -> AnthropicState:
+    state = request.adapter_state
+    return state if isinstance(state, AnthropicState) else AnthropicState()
 
 
 @dataclass
@@ -513,6 +548,7 @@ def _tools(raw: Any, capture: CaptureTags) -> list[Tool]:
         function: dict[str, Any] = {"name": _string(tool.get("name"), f"tools[{index}].name")}
         if tool.get("description") is not None:
             function["description"] = _string(tool["description"], f"tools[{index}].description")
+        _defer_loading(tool, index, function["name"], capture)
         schema = tool.get("input_schema")
         function["parameters"] = (
             {"type": "object", "properties": {}}
@@ -601,9 +637,106 @@ def _output_format(body: Mapping[str, Any], capture: CaptureTags) -> ResponseFor
     )
 
 
-def _check_thinking(raw: Any) -> None:
-    if raw is not None:
-        _string(require_dict(raw, "thinking").get("type"), "thinking.type")
+def _thinking(raw: Any, capture: CaptureTags) -> tuple[ReasoningSwitch | None, bool]:
+    """``thinking``: the reasoning switch (on for enabled and adaptive), and whether the reply
+    omits the reasoning text (``display: omitted``); a budget is recorded by name."""
+    if raw is None:
+        return None, False
+    spec = require_dict(raw, "thinking")
+    kind = _string(spec.get("type"), "thinking.type")
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise InvalidRequest("thinking.type must be enabled, adaptive or disabled")
+    budget = optional_number(spec, "budget_tokens", int)
+    if budget is not None:
+        if budget < 1:
+            raise InvalidRequest("thinking.budget_tokens must be at least 1")
+        record_budget(capture, "thinking.budget_tokens", budget)
+    display = spec.get("display")
+    if display not in (None, "summarized", "omitted"):
+        raise InvalidRequest("thinking.display must be summarized or omitted")
+    if display == "omitted":
+        capture.feature("thinking display omitted", "honoured")
+    elif display == "summarized":
+        capture.feature("thinking display summarized", "mapped")
+        capture.notes.append(
+            "thinking display summarized: the reasoning comes back whole, as sampled"
+        )
+    return ReasoningSwitch(f"thinking {kind}", on=kind != "disabled"), display == "omitted"
+
+
+def _effort(body: Mapping[str, Any]) -> ReasoningEffort | None:
+    """``output_config.effort``: how hard the model works, on a template's effort levels."""
+    config = body.get("output_config")
+    if config is None:
+        return None
+    value = require_dict(config, "output_config").get("effort")
+    word = effort_word(value, "output_config.effort", ANTHROPIC_EFFORTS)
+    return None if word is None else effort("output_config.effort", word)
+
+
+def _defer_loading(tool: dict[str, Any], index: int, name: str, capture: CaptureTags) -> None:
+    """A deferred tool waits for a tool search, which only Anthropic's service runs (its tools
+    are refused as server tools): here it is declared up front, on the record by name."""
+    defer = tool.get("defer_loading")
+    if defer is None:
+        return
+    if not isinstance(defer, bool):
+        raise InvalidRequest(f"tools[{index}].defer_loading must be a boolean")
+    if defer:
+        capture.feature("defer_loading", "mapped")
+        capture.notes.append(
+            f"defer_loading: tool {name!r} is declared up front (no tool search here)"
+        )
+
+
+_CLEAR_THINKING = "clear_thinking_20251015"
+
+
+def _context_management(raw: Any, history: list[Message], capture: CaptureTags) -> None:
+    """``context_management.edits``: ``clear_thinking_20251015`` is applied to ``history``;
+    an edit that needs the prompt's token count (clearing tool uses, compaction) is refused by
+    name rather than ignored."""
+    if raw is None:
+        return
+    spec = require_dict(raw, "context_management")
+    for index, edit in enumerate(require_list(spec.get("edits"), "context_management.edits")):
+        where = f"context_management.edits[{index}]"
+        edit = require_dict(edit, where)
+        kind = _string(edit.get("type"), f"{where}.type")
+        feature = f"context_management {kind}"
+        if kind != _CLEAR_THINKING:
+            capture.feature(feature, "refused")
+            raise InvalidRequest(
+                f"{where}: the {kind!r} context edit is not supported by this gateway (it "
+                "clears by the prompt's token count, which is known only once rendered); "
+                f"clear old tool results in the client, or send only {_CLEAR_THINKING}"
+            )
+        cleared = _clear_thinking(edit.get("keep"), history, where)
+        capture.feature(feature, "honoured")
+        if cleared:
+            capture.notes.append(
+                f"{feature}: cleared the reasoning of {cleared} earlier assistant turn(s)"
+            )
+
+
+def _clear_thinking(keep: Any, history: list[Message], where: str) -> int:
+    """Drop the reasoning of every assistant turn but the last ``keep`` that have some (the
+    API's default: one); ``keep: "all"`` keeps it all. Returns how many were cleared."""
+    if keep == "all":
+        return 0
+    turns = 1
+    if keep is not None:
+        spec = require_dict(keep, f"{where}.keep")
+        if spec.get("type") != "thinking_turns":
+            raise InvalidRequest(f'{where}.keep must be "all" or a thinking_turns object')
+        turns = optional_number(spec, "value", int) or 0
+        if turns < 1:
+            raise InvalidRequest(f"{where}.keep.value must be at least 1")
+    thinking = [m for m in history if m.get("role") == "assistant" and m.get("reasoning")]
+    cleared = thinking[:-turns] if len(thinking) > turns else []
+    for message in cleared:
+        del message["reasoning"]
+    return len(cleared)
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:
@@ -616,13 +749,13 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
     )
 
 
-def _content_blocks(completion: Completion) -> list[dict[str, Any]]:
+def _content_blocks(completion: Completion, state: AnthropicState) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if completion.reasoning:
         blocks.append(
             {
                 "type": "thinking",
-                "thinking": completion.reasoning,
+                "thinking": "" if state.omit_thinking else completion.reasoning,
                 "signature": encode_reasoning(completion.reasoning),
             }
         )
@@ -644,8 +777,9 @@ def _block_events(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str,
     """A block's ``content_block_start`` payload and its deltas, each delta complete."""
     kind = block["type"]
     if kind == "thinking":
+        text = [{"type": "thinking_delta", "thinking": block["thinking"]}]
         return {"type": "thinking", "thinking": "", "signature": ""}, [
-            {"type": "thinking_delta", "thinking": block["thinking"]},
+            *(text if block["thinking"] else []),
             {"type": "signature_delta", "signature": block["signature"]},
         ]
     if kind == "tool_use":

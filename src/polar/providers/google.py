@@ -9,22 +9,29 @@ Gemini quirks kept here:
   is never renamed;
 * function calls may lack ids: a missing id is derived from the call's position
   (``call_<turn>_<n>``) so it is the same on every replay, and a ``functionResponse`` is matched
-  to its call by id, else by name in order;
+  to its call by id, else by name in order; the ids made up are listed on the request
+  (``made_up_call_ids``), so the gateway can put the model's own ids of the sampled turn in
+  their place;
 * ``thoughtSignature`` must be standard base64 (the Python SDK decodes it to bytes and re-encodes
   it), so our reasoning blob travels base64-wrapped;
+* ``thinkingConfig``: ``thinkingBudget`` 0 switches reasoning off, any other budget on (a
+  positive one is recorded by name: no engine here takes one), ``thinkingLevel`` is the effort,
+  ``includeThoughts`` says whether thought parts come back (the signature always does, so
+  history stays exact, and the record keeps the reasoning either way);
+* built-in tools (``googleSearch``, ``codeExecution``, ``urlContext``, ...) run inside Google's
+  service and ``cachedContent`` names contents cached there (the gateway serves no
+  ``cachedContents``): both are refused by name, never dropped;
 * a stream is bare ``data:`` frames, each a whole GenerateContentResponse; an error frame must
   start with ``{"error":`` for the SDK to raise it, and the keep-alive is a chunk whose
   candidate has no parts, not an SSE comment: google-genai parses every line that is not
   ``data:`` as JSON and raises UnknownApiResponseError on a comment.
 
-The module reads better whole (about 630 lines): the quirks above tie its request parsing,
+The module reads better whole (about 645 lines): the quirks above tie its request parsing,
 schema conversion and replies together, and none of them is shared with another API.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from collections.abc import Mapping
@@ -34,7 +41,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from polar.errors import ContextLengthExceeded, GatewayError, InvalidRequest
+from polar.errors import ContextLengthExceeded, GatewayError, InvalidRequest, NotFound
 from polar.providers.base import (
     COUNT_TOKENS,
     GENERATE,
@@ -50,13 +57,17 @@ from polar.providers.base import (
     stop_list,
 )
 from polar.providers.logprobs import sampled_logprobs
-from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
+from polar.providers.reasoning import effort, record_budget
+from polar.providers.reasoning_codec import decode_reasoning_b64, encode_reasoning_b64
 from polar.providers.routing import ProviderRouting
 from polar.providers.types import (
     CaptureTags,
     Completion,
     Message,
     NormalizedRequest,
+    ReasoningControls,
+    ReasoningEffort,
+    ReasoningSwitch,
     ResponseFormat,
     SamplingParams,
     Tool,
@@ -150,20 +161,19 @@ class GoogleProvider(Provider):
         if method == "countTokens" and body.get("generateContentRequest") is not None:
             body = _fields(require_dict(body["generateContentRequest"], "generateContentRequest"))
         model = _path_model(ctx.path) or _body_model(body.get("model"))
+        capture = CaptureTags()
+        _refuse_cached_content(body.get("cachedContent"), capture)
         system = _system_text(body.get("systemInstruction"))
         messages: list[Message] = [{"role": "system", "content": system}] if system else []
-        messages.extend(_messages(body.get("contents")))
+        made_up: set[str] = set()
+        messages.extend(_messages(body.get("contents"), made_up))
         if not any(m["role"] != "system" for m in messages):
             raise InvalidRequest("contents must hold at least one message with parts")
-        tools, dropped = _tools(body.get("tools"))
+        tools = _tools(body.get("tools"), capture)
         gen_raw = body.get("generationConfig")
         gen = {} if gen_raw is None else _fields(require_dict(gen_raw, "generationConfig"))
         state = GoogleState()
-        thinking = gen.get("thinkingConfig")
-        if thinking is not None:
-            thinking = _fields(require_dict(thinking, "generationConfig.thinkingConfig"))
-            state.include_thoughts = thinking.get("includeThoughts") is True
-        capture = CaptureTags()
+        reasoning = _thinking_config(gen.get("thinkingConfig"), state, capture)
         logprobs = _logprobs_asked(gen, capture)
         return NormalizedRequest(
             provider=self.name,
@@ -173,12 +183,13 @@ class GoogleProvider(Provider):
             tool_choice=_tool_choice(body.get("toolConfig"), tools) if tools else None,
             params=_sampling(gen),
             stream=method == "streamGenerateContent",
-            dropped_tools=dropped,
             requested_model=model,
             adapter_state=state,
             capture=capture,
             response_format=_response_format(gen, capture),
             logprobs=logprobs,
+            made_up_call_ids=made_up,
+            reasoning=reasoning,
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -281,7 +292,9 @@ def _part(raw: Any, what: str) -> dict[str, Any]:
     return _fields(require_dict(raw, what))
 
 
-def _messages(contents: Any) -> list[Message]:
+def _messages(contents: Any, made_up: set[str]) -> list[Message]:
+    """The chat messages of ``contents``; every call id made up for want of one is added to
+    ``made_up``."""
     if contents is None:
         raise InvalidRequest("contents is required")
     messages: list[Message] = []
@@ -293,12 +306,12 @@ def _messages(contents: Any) -> list[Message]:
             _part(p, "contents[].parts[]") for p in require_list(content.get("parts"), "parts")
         ]
         if role == "model":
-            message, calls = _model_message(parts, turn)
+            message, calls = _model_message(parts, turn, made_up)
             pending = [_PendingCall(c["id"], c["function"]["name"]) for c in calls]
             if message is not None:
                 messages.append(message)
         elif role in ("user", "function"):
-            messages.extend(_user_messages(parts, turn, pending))
+            messages.extend(_user_messages(parts, turn, pending, made_up))
         else:
             raise InvalidRequest(f"contents[].role must be 'user' or 'model', not {role!r}")
     return messages
@@ -313,20 +326,22 @@ class _PendingCall:
     answered: bool = False
 
 
-def _model_message(parts: list[dict[str, Any]], turn: int) -> tuple[Message | None, list[Any]]:
+def _model_message(
+    parts: list[dict[str, Any]], turn: int, made_up: set[str]
+) -> tuple[Message | None, list[Any]]:
     """An assistant message (text, tool calls, reasoning) from one model Content."""
     chunks: list[dict[str, Any]] = []
     thoughts: list[str] = []
     signed: list[str] = []
     calls: list[dict[str, Any]] = []
     for part in parts:
-        sig = _signature_reasoning(part.get("thoughtSignature"))
+        sig = decode_reasoning_b64(part.get("thoughtSignature"))
         if sig is not None and sig not in signed:
             signed.append(sig)
         if part.get("thought") is True and part.get("text") is not None:
             thoughts.append(_text_of(part["text"], "thought text"))
         elif part.get("functionCall") is not None:
-            calls.append(_function_call(part["functionCall"], turn, len(calls)))
+            calls.append(_function_call(part["functionCall"], turn, len(calls), made_up))
         else:
             chunks.extend(_content_parts(part))
     if not (chunks or calls or thoughts or signed):
@@ -340,27 +355,13 @@ def _model_message(parts: list[dict[str, Any]], turn: int) -> tuple[Message | No
     return message, calls
 
 
-def _signature_reasoning(value: Any) -> str | None:
-    """The reasoning inside one of our signatures (base64-wrapped or bare); foreign ones: None."""
-    if not isinstance(value, str) or not value:
-        return None
-    bare = decode_reasoning(value)
-    if bare is not None:
-        return bare
-    try:
-        padded = value.replace("-", "+").replace("_", "/") + "=" * (-len(value) % 4)
-        raw = base64.b64decode(padded, validate=True)
-        return decode_reasoning(raw.decode("ascii"))
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _function_call(raw: Any, turn: int, index: int) -> dict[str, Any]:
+def _function_call(raw: Any, turn: int, index: int, made_up: set[str]) -> dict[str, Any]:
     call = _fields(require_dict(raw, "functionCall"))
     name = _text_of(call.get("name"), "functionCall.name")
     call_id = call.get("id")
     if call_id is None or call_id == "":
         call_id = f"call_{turn}_{index}"
+        made_up.add(call_id)
     args = call.get("args")
     if args is None:
         arguments = "{}"
@@ -376,7 +377,7 @@ def _function_call(raw: Any, turn: int, index: int) -> dict[str, Any]:
 
 
 def _user_messages(
-    parts: list[dict[str, Any]], turn: int, pending: list[_PendingCall]
+    parts: list[dict[str, Any]], turn: int, pending: list[_PendingCall], made_up: set[str]
 ) -> list[Message]:
     """Tool results first (they must follow the assistant turn), then the user's own parts."""
     results: list[Message] = []
@@ -387,7 +388,7 @@ def _user_messages(
             results.append(
                 {
                     "role": "tool",
-                    "tool_call_id": _match_call(response, pending, turn, len(results)),
+                    "tool_call_id": _match_call(response, pending, turn, len(results), made_up),
                     "content": _json_text(response.get("response", {})),
                 }
             )
@@ -399,7 +400,7 @@ def _user_messages(
 
 
 def _match_call(
-    response: dict[str, Any], pending: list[_PendingCall], turn: int, index: int
+    response: dict[str, Any], pending: list[_PendingCall], turn: int, index: int, made_up: set[str]
 ) -> str:
     """The id of the call a functionResponse answers: by id, else by name in order."""
     name = _text_of(response.get("name"), "functionResponse.name")
@@ -411,7 +412,10 @@ def _match_call(
         (c for c in open_calls if c.name == name), None
     )
     if match is None:
-        return given or f"call_{turn}_{index}"
+        if given:
+            return given
+        made_up.add(f"call_{turn}_{index}")
+        return f"call_{turn}_{index}"
     match.answered = True
     return match.id
 
@@ -441,16 +445,71 @@ def _content_parts(part: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def _tools(raw: Any) -> tuple[list[Tool], list[str]]:
+def _tools(raw: Any, capture: CaptureTags) -> list[Tool]:
+    """Function declarations; a built-in tool (googleSearch, codeExecution, urlContext, ...)
+    runs inside Google's service: refused by name, never dropped."""
     tools: list[Tool] = []
-    dropped: list[str] = []
     for entry in require_list(raw, "tools"):
         for key, value in _fields(require_dict(entry, "tools[]")).items():
             if key == "functionDeclarations":
                 tools.extend(_function_tool(d) for d in require_list(value, key))
             elif value is not None:
-                dropped.append(key)
-    return tools, dropped
+                capture.feature(f"tool {key}", "refused")
+                raise InvalidRequest(
+                    f"tools[].{key}: the built-in tool {key!r} runs inside Google's service and "
+                    "is not available here; declare a function instead"
+                )
+    return tools
+
+
+def _refuse_cached_content(value: Any, capture: CaptureTags) -> None:
+    """``cachedContent`` names contents cached in Google's service; the gateway serves no
+    ``cachedContents``, so no name is known to it: refused by name, never ignored."""
+    if value is None:
+        return
+    name = _text_of(value, "cachedContent")
+    capture.feature("cachedContent", "refused")
+    raise NotFound(
+        f"cachedContent {name!r} not found: this gateway serves no cachedContents; send the "
+        "cached contents in contents and systemInstruction instead"
+    )
+
+
+_THINKING_LEVELS = {"MINIMAL": "minimal", "LOW": "low", "MEDIUM": "medium", "HIGH": "high"}
+
+
+def _thinking_config(raw: Any, state: GoogleState, capture: CaptureTags) -> ReasoningControls:
+    """``thinkingConfig``: ``thinkingBudget`` 0 is the switch off, -1 (dynamic) or a budget
+    on (the budget recorded by name), ``thinkingLevel`` the effort, ``includeThoughts``
+    whether thought parts come back."""
+    if raw is None:
+        return ReasoningControls()
+    config = _fields(require_dict(raw, "generationConfig.thinkingConfig"))
+    include = config.get("includeThoughts")
+    if include is not None:
+        if not isinstance(include, bool):
+            raise InvalidRequest("thinkingConfig.includeThoughts must be a boolean")
+        state.include_thoughts = include
+        capture.feature("thinkingConfig.includeThoughts", "honoured")
+    switch: ReasoningSwitch | None = None
+    budget = optional_number(config, "thinkingBudget", int)
+    if budget is not None:
+        if budget < -1:
+            raise InvalidRequest("thinkingConfig.thinkingBudget must be -1, 0 or positive")
+        switch = ReasoningSwitch(f"thinkingConfig.thinkingBudget {budget}", on=budget != 0)
+        if budget > 0:
+            record_budget(capture, "thinkingConfig.thinkingBudget", budget)
+    level = config.get("thinkingLevel")
+    chosen: ReasoningEffort | None = None
+    if level is not None:
+        word = _text_of(level, "thinkingConfig.thinkingLevel").upper()
+        if word not in (*_THINKING_LEVELS, "THINKING_LEVEL_UNSPECIFIED"):
+            raise InvalidRequest(
+                "thinkingConfig.thinkingLevel must be MINIMAL, LOW, MEDIUM or HIGH"
+            )
+        if word in _THINKING_LEVELS:
+            chosen = effort("thinkingConfig.thinkingLevel", _THINKING_LEVELS[word])
+    return ReasoningControls(switch=switch, effort=chosen)
 
 
 def _function_tool(raw: Any) -> Tool:
@@ -584,10 +643,6 @@ def _sampling(gen: dict[str, Any]) -> SamplingParams:
 # --- response side ------------------------------------------------------------------------------
 
 
-def _signature(reasoning: str) -> str:
-    return base64.b64encode(encode_reasoning(reasoning).encode("ascii")).decode("ascii")
-
-
 def _part_groups(completion: Completion, request: NormalizedRequest) -> list[list[dict[str, Any]]]:
     """The reply's parts, grouped as streamed: thought, text, then every function call at once.
 
@@ -605,7 +660,7 @@ def _part_groups(completion: Completion, request: NormalizedRequest) -> list[lis
     if not (text or calls):
         text = [{"text": ""}]
     if completion.reasoning:
-        (calls or text)[0]["thoughtSignature"] = _signature(completion.reasoning)
+        (calls or text)[0]["thoughtSignature"] = encode_reasoning_b64(completion.reasoning)
     return [group for group in (thought, text, calls) if group]
 
 

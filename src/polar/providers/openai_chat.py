@@ -3,7 +3,10 @@
 Normalizing still matters: system and developer messages merge into one leading system
 message, tool results sent as part lists become text, assistant refusals become text, legacy
 ``functions`` / ``function_call`` (and their history messages) become tools and tool calls and
-are answered in the legacy shape, and non-function tools are dropped and recorded.
+are answered in the legacy shape (a named ``function_call`` forces that call as a named
+``tool_choice`` does), ``reasoning_effort`` is the reasoning effort (``none``: the switch off),
+and a ``custom`` (freeform) tool is refused by name: Chat Completions answers it with
+``custom`` tool calls, which the gateway does not render (the Responses API serves them).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from polar.providers.base import (
 )
 from polar.providers.logprobs import sampled_logprobs
 from polar.providers.openai_errors import openai_error_body
+from polar.providers.reasoning import openai_effort
 from polar.providers.routing import ProviderRouting
 from polar.providers.types import (
     CaptureTags,
@@ -111,7 +115,7 @@ class OpenAIChatProvider(Provider):
             messages.insert(0, {"role": "system", "content": join_text(system)})
         if not messages:
             raise InvalidRequest("messages must not be empty")
-        tools, dropped = _tools(body)
+        tools = _tools(body, capture)
         legacy = _legacy_functions(body, capture)
         stream_options = body.get("stream_options")
         include_usage = isinstance(stream_options, dict) and bool(
@@ -144,13 +148,13 @@ class OpenAIChatProvider(Provider):
                 logit_bias=_logit_bias(body.get("logit_bias")),
             ),
             stream=bool(body.get("stream")),
-            dropped_tools=dropped,
             requested_model=model,
             adapter_state=ChatState(include_usage=include_usage, legacy_functions=legacy),
             capture=capture,
             parallel_tool_calls=_parallel_tool_calls(body, legacy, bool(tools), capture),
             logprobs=_logprobs_asked(body, capture),
             response_format=response_format,
+            reasoning=openai_effort(body.get("reasoning_effort"), "reasoning_effort"),
         )
         if response_format is not None:
             normalized.capture.feature("structured_output", "honoured")
@@ -484,21 +488,24 @@ def _parallel_tool_calls(
     return False
 
 
-def _tools(body: Mapping[str, Any]) -> tuple[list[Tool], list[str]]:
+def _tools(body: Mapping[str, Any], capture: CaptureTags) -> list[Tool]:
     tools: list[Tool] = []
-    dropped: list[str] = []
     for i, raw in enumerate(require_list(body.get("tools"), "tools")):
         tool = require_dict(raw, f"tools[{i}]")
-        if tool.get("type", "function") != "function":
-            dropped.append(str(tool.get("type")))
-            continue
+        kind = tool.get("type", "function")
+        if kind != "function":
+            capture.feature(f"tool {kind}", "refused")
+            raise InvalidRequest(
+                f"tools[{i}]: {kind!r} tools are not supported on Chat Completions by this "
+                "gateway; declare a function tool (the Responses API serves custom tools)"
+            )
         fn = require_dict(tool.get("function"), f"tools[{i}].function")
         tools.append({"type": "function", "function": _function(fn, f"tools[{i}].function")})
     for i, raw in enumerate(require_list(body.get("functions"), "functions")):
         tools.append(
             {"type": "function", "function": _function(require_dict(raw), f"functions[{i}]")}
         )
-    return tools, dropped
+    return tools
 
 
 def _function(fn: Mapping[str, Any], where: str) -> dict[str, Any]:

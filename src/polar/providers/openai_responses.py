@@ -9,8 +9,14 @@ reasoning on the wrong message, changes the re-rendered prompt and breaks prefix
 Codex's non-function tools are mapped to plain functions the engine can call: a ``custom``
 (freeform) tool becomes a function taking one string ``input``, ``local_shell`` a function with
 a command array. Calls to them are rendered back as ``custom_tool_call`` / ``local_shell_call``
-items so the harness runs them as it expects. Hosted tools (web search, file search, ...) are
-dropped: the engine cannot run them.
+items so the harness runs them as it expects. A ``namespace`` (how Codex sends each MCP
+server's tools) is flattened into the tool list, each function named as Codex itself flattens
+one (``mcp__server__tool``), and calls to them go back as ``function_call`` items carrying
+``name`` and ``namespace`` apart; a replayed namespaced call renders as the flat name the model
+sampled. Hosted tools (web search, file search, ...) run inside OpenAI's service: nothing here
+can run them, so they are refused by name (as Anthropic's server tools and Gemini's built-in
+tools are), never dropped while the reply's ``tools`` echo them as available.
+``reasoning.effort`` is the reasoning effort (``none``: the switch off).
 
 The input items' folding lives in ``openai_responses_input.py`` and the output items, Response
 object and stream events in ``openai_responses_output.py``; this module is the adapter, its
@@ -41,8 +47,11 @@ from polar.providers.logprobs import sampled_logprobs
 from polar.providers.openai_chat import OPENAI_ROUTING
 from polar.providers.openai_errors import openai_error_body
 from polar.providers.openai_responses_input import (
+    COMPACT_LOCALLY,
     LOCAL_SHELL,
     History,
+    call_name,
+    flat_tool_name,
     optional_str,
     required_str,
 )
@@ -54,6 +63,7 @@ from polar.providers.openai_responses_output import (
     responses_state,
     stream_item,
 )
+from polar.providers.reasoning import openai_effort
 from polar.providers.routing import ProviderRouting
 from polar.providers.stateful import RETRIEVE, StatefulReplies
 from polar.providers.types import (
@@ -61,6 +71,7 @@ from polar.providers.types import (
     Completion,
     Message,
     NormalizedRequest,
+    ReasoningControls,
     ResponseFormat,
     SamplingParams,
     Tool,
@@ -89,6 +100,12 @@ _LOCAL_SHELL_TOOL: Tool = {
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
+COMPACT = "compact"  # POST /responses/compact: refused by name (see parse_request)
+_COMPACT_REFUSED = (
+    "POST /responses/compact is not served: OpenAI's service compacts a conversation there "
+    "into an encrypted compaction item, which nothing here can make or read. " + COMPACT_LOCALLY
+)
+
 _CONVERSATION_REFUSED = (
     "conversation is not supported by this gateway; use previous_response_id to continue a "
     "stored response"
@@ -113,6 +130,8 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
             return None
         if path.endswith("/responses/input_tokens"):
             return COUNT_TOKENS
+        if path.endswith("/responses/compact"):
+            return COMPACT
         if path.endswith("/responses"):
             return GENERATE
         return None
@@ -125,6 +144,8 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
         )
 
     def parse_request(self, body: Any, ctx: RequestContext) -> NormalizedRequest:
+        if self.operation(ctx) == COMPACT:
+            raise InvalidRequest(_COMPACT_REFUSED)
         body = require_dict(body)
         model = optional_str(body, "model") or ""
         instructions = optional_str(body, "instructions")
@@ -150,6 +171,7 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
         _check_accepted(body)
         state = ResponsesState(
             custom_tools=tools.custom,
+            namespaced=tools.namespaced,
             local_shell=tools.local_shell,
             echo=_echo_fields(body),
             previous_response_id=previous,
@@ -157,6 +179,8 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
             instructions=instructions or None,
         )
         capture = CaptureTags(ignored_items=history.ignored)
+        if tools.namespaced:
+            capture.feature("namespace tools", "mapped")
         if previous:
             capture.feature("previous_response_id", "honoured")
         if state.store:
@@ -174,13 +198,13 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
                 top_k=optional_number(body, "top_k", int),
             ),
             stream=_optional_bool(body, "stream") or False,
-            dropped_tools=tools.dropped,
             requested_model=model,
             capture=capture,
             adapter_state=state,
             response_format=_text_format(body.get("text"), capture),
             parallel_tool_calls=_parallel_tool_calls(body, bool(tools.tools), capture),
             logprobs=_logprobs_asked(body, capture),
+            reasoning=_reasoning(body),
         )
 
     def render_response(self, completion: Completion, request: NormalizedRequest) -> dict[str, Any]:
@@ -243,9 +267,9 @@ class OpenAIResponsesProvider(Provider, StatefulReplies):
         return ctx.path.rstrip("/").rpartition("/")[2]
 
     def reply_to_store(
-        self, completion: Completion, request: NormalizedRequest
+        self, completion: Completion, request: NormalizedRequest, *, always: bool = False
     ) -> tuple[str, dict[str, Any]] | None:
-        if not responses_state(request).store:
+        if not (always or responses_state(request).store):
             return None
         reply = self.render_response(completion, request)
         return reply["id"], reply
@@ -318,12 +342,19 @@ def _logprobs_asked(body: Mapping[str, Any], capture: CaptureTags) -> bool:
     )
 
 
+def _reasoning(body: Mapping[str, Any]) -> ReasoningControls:
+    """``reasoning.effort``: the effort, or (``none``) reasoning switched off."""
+    if body.get("reasoning") is None:
+        return ReasoningControls()
+    return openai_effort(
+        require_dict(body["reasoning"], "reasoning").get("effort"), "reasoning.effort"
+    )
+
+
 def _check_accepted(body: Mapping[str, Any]) -> None:
     """Fields accepted and ignored still get their types checked, as the real API does."""
     _optional_bool(body, "store")
     _optional_bool(body, "parallel_tool_calls")
-    if body.get("reasoning") is not None:
-        require_dict(body["reasoning"], "reasoning")
     if body.get("metadata") is not None:
         require_dict(body["metadata"], "metadata")
     include = require_list(body.get("include"), "include")
@@ -396,8 +427,8 @@ def _text_format(text: Any, capture: CaptureTags) -> ResponseFormat | None:
 @dataclass
 class _Tools:
     tools: list[Tool] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
     custom: list[str] = field(default_factory=list)
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     local_shell: bool = False
 
 
@@ -408,6 +439,8 @@ def _convert_tools(raw: Any) -> _Tools:
         kind = tool.get("type")
         if kind == "function":
             out.tools.append(_function_tool(tool))
+        elif kind == "namespace":
+            _namespace_tools(tool, out)
         elif kind == "custom":
             out.tools.append(_custom_tool(tool))
             out.custom.append(tool["name"])
@@ -415,10 +448,60 @@ def _convert_tools(raw: Any) -> _Tools:
             out.tools.append(copy.deepcopy(_LOCAL_SHELL_TOOL))
             out.local_shell = True
         elif isinstance(kind, str):
-            out.dropped.append(kind)
+            raise _hosted_tool(kind)
         else:
             raise InvalidRequest("each tool needs a string 'type'")
+    if out.namespaced:
+        _check_unique(out.tools)
     return out
+
+
+def _namespace_tools(tool: Mapping[str, Any], out: _Tools) -> None:
+    """A namespace's function and custom tools, each under its flat name (the only name the
+    model sees)."""
+    namespace = required_str(tool, "name", "a namespace tool")
+    for inner in require_list(tool.get("tools"), f"tools of namespace {namespace!r}"):
+        inner = require_dict(inner, f"each tool of namespace {namespace!r}")
+        kind = inner.get("type")
+        if kind == "function":
+            converted = _function_tool(inner)
+        elif kind == "custom":
+            converted = _custom_tool(inner)
+        else:
+            raise InvalidRequest(
+                f"namespace {namespace!r}: only function and custom tools may be namespaced, "
+                f"not {kind!r}"
+            )
+        name = converted["function"]["name"]
+        flat = flat_tool_name(namespace, name)
+        converted["function"]["name"] = flat
+        out.tools.append(converted)
+        out.namespaced[flat] = (namespace, name)
+        if kind == "custom":
+            out.custom.append(flat)
+
+
+def _check_unique(tools: list[Tool]) -> None:
+    """Two tools the model would know by one name (a function named like a namespace's flat
+    name) would make its calls ambiguous: refused by name rather than guessed."""
+    seen: set[str] = set()
+    for tool in tools:
+        name = tool["function"]["name"]
+        if name in seen:
+            raise InvalidRequest(
+                f"two tools are both named {name!r} for the model (a namespace's function is "
+                "named namespace__function): rename one"
+            )
+        seen.add(name)
+
+
+def _hosted_tool(kind: str) -> InvalidRequest:
+    """A hosted tool (web_search, file_search, code_interpreter, ...) runs inside OpenAI's
+    service: refused by name, as the real API refuses a tool a model does not support."""
+    return InvalidRequest(
+        f"the hosted tool {kind!r} runs inside OpenAI's service and is not available here; "
+        'declare a function tool instead (Codex: web_search = "disabled")'
+    )
 
 
 def _function_tool(tool: Mapping[str, Any]) -> Tool:
@@ -483,7 +566,7 @@ def _convert_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
     if isinstance(value, dict):
         kind = value.get("type")
         if kind in ("function", "custom"):
-            name = required_str(value, "name", "tool_choice")
+            name = call_name(value, "tool_choice")
             return {"type": "function", "function": {"name": name}}
         if kind == "allowed_tools":
             mode = value.get("mode")
@@ -491,8 +574,7 @@ def _convert_tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
                 raise InvalidRequest("tool_choice.mode must be 'auto' or 'required'")
             return _allowed_tools(mode, value.get("tools"), tools)
         if isinstance(kind, str):
-            # A hosted tool (web_search, ...) was dropped; the model may still pick others.
-            return "auto"
+            raise _hosted_tool(kind)
     raise InvalidRequest("tool_choice must be 'auto', 'none', 'required' or a tool object")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from polar.errors import InvalidRequest
+from polar.errors import InvalidRequest, NotFound
 from polar.providers.base import (
     arguments_text,
     chat_content,
@@ -24,11 +24,27 @@ from polar.providers.types import (
 )
 
 LOCAL_SHELL = "local_shell"
+NAMESPACE_DELIMITER = "__"
 
 # Items that are sampled by the model, in the order one turn emits them. A new assistant
 # message starts when an item's rank is below the open turn's (reasoning after a call), or when
 # a second text message arrives; consecutive calls always join the open turn.
 _REASONING, _CONTENT, _CALLS = 0, 1, 2
+
+# OpenAI's server-side compaction: opaque state that only OpenAI's service makes or reads.
+COMPACTION_ITEMS = {
+    "compaction": "it holds OpenAI's encrypted summary of earlier turns, which only OpenAI's "
+    "service can read",
+    "compaction_trigger": "it asks OpenAI's service to compact the context into an encrypted "
+    "compaction item",
+    "context_compaction": "it holds OpenAI's encrypted compacted context, which only OpenAI's "
+    "service can read",
+}
+COMPACT_LOCALLY = (
+    "This gateway does no remote compaction; compact on the client instead: Codex compacts "
+    "locally (a normal /responses call asking for a summary) with a custom model provider "
+    "named neither 'OpenAI' nor 'azure', as Polar's codex preset writes it."
+)
 
 CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
@@ -46,6 +62,21 @@ def required_str(item: Mapping[str, Any], key: str, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidRequest(f"{what} needs a string {key!r}")
     return value
+
+
+def flat_tool_name(namespace: str, name: str) -> str:
+    """A namespaced tool's one model-visible name, joined as Codex flattens its own where a
+    boundary cannot keep the split (``ToolName::canonical_flat_name``): ``mcp__probe`` and
+    ``lookup`` give ``mcp__probe__lookup``, and so does ``mcp__probe__`` (stray underscores
+    around the delimiter are trimmed)."""
+    return namespace.rstrip("_") + NAMESPACE_DELIMITER + name.lstrip("_")
+
+
+def call_name(item: Mapping[str, Any], what: str) -> str:
+    """A call item's tool name as the model sampled it: a ``namespace`` joined on."""
+    name = required_str(item, "name", what)
+    namespace = optional_str(item, "namespace")
+    return flat_tool_name(namespace, name) if namespace else name
 
 
 class History:
@@ -76,9 +107,14 @@ class History:
         elif kind in CALL_ITEMS:
             self._call(item, kind)
         elif kind == "item_reference":
-            return
+            raise _unknown_item(item)
+        elif isinstance(kind, str) and kind in COMPACTION_ITEMS:
+            raise InvalidRequest(
+                f"input item type {kind!r} is not supported: {COMPACTION_ITEMS[kind]}. "
+                + COMPACT_LOCALLY
+            )
         elif isinstance(kind, str):
-            # Hosted-tool calls, compaction summaries, ...: nothing the engine can replay.
+            # Hosted-tool calls, ...: nothing the engine can replay.
             self._close_turn()
             if kind not in self.ignored:
                 self.ignored.append(kind)
@@ -161,18 +197,28 @@ class History:
             self._tool_images = []
 
 
+def _unknown_item(item: Mapping[str, Any]) -> NotFound:
+    """An ``item_reference``: the gateway keeps replies by response id, not items by item id,
+    so no reference resolves; answered as the API answers an unknown item, never skipped."""
+    item_id = required_str(item, "id", "an item_reference")
+    return NotFound(
+        f"Item with id '{item_id}' not found. This gateway resolves no item_reference: send "
+        "the item itself, or continue a stored response with previous_response_id."
+    )
+
+
 def _history_call(item: Mapping[str, Any], kind: str) -> dict[str, Any]:
     """A replayed call item as a chat tool call (ids kept verbatim)."""
     if kind == "function_call":
         call_id = required_str(item, "call_id", "a function_call")
-        name = required_str(item, "name", "a function_call")
+        name = call_name(item, "a function_call")
         arguments = item.get("arguments")
         if arguments is not None and not isinstance(arguments, str | dict):
             raise InvalidRequest("function_call arguments must be a string")
         text = arguments_text(arguments)
     elif kind == "custom_tool_call":
         call_id = required_str(item, "call_id", "a custom_tool_call")
-        name = required_str(item, "name", "a custom_tool_call")
+        name = call_name(item, "a custom_tool_call")
         text = orjson.dumps({"input": required_str(item, "input", "a custom_tool_call")}).decode()
     else:
         call_id = item.get("call_id") or required_str(item, "id", "a local_shell_call")

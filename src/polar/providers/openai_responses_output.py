@@ -25,6 +25,8 @@ class ResponsesState:
     """What this adapter remembers between parsing a request and rendering its reply."""
 
     custom_tools: list[str] = field(default_factory=list)  # calls to these are custom_tool_call
+    # A namespace's function by the flat name the model sees: (namespace, name) of its calls.
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     local_shell: bool = False  # a local_shell tool was declared: its calls are local_shell_call
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the Response repeats
     previous_response_id: str | None = None  # the stored response this call continues
@@ -96,13 +98,14 @@ def _call_item(call: ToolCall, call_id: str, suffix: str, state: ResponsesState)
         value = args.get("input")
         # A model that ignored the one-string schema still gets its text to the harness.
         text = value if isinstance(value, str) and len(args) == 1 else call.arguments
-        return {
+        custom = {
             "id": f"ctc_{suffix}",
             "type": "custom_tool_call",
             "call_id": call_id,
             "name": call.name,
             "input": text,
         }
+        return _with_namespace(custom, state)
     if call.name == LOCAL_SHELL and state.local_shell:
         action = _shell_action(arguments_object(call.arguments))
         if action is not None:
@@ -113,7 +116,7 @@ def _call_item(call: ToolCall, call_id: str, suffix: str, state: ResponsesState)
                 "status": "completed",
                 "action": action,
             }
-    return {
+    item: dict[str, Any] = {
         "id": f"fc_{suffix}",
         "type": "function_call",
         "call_id": call_id,
@@ -121,6 +124,15 @@ def _call_item(call: ToolCall, call_id: str, suffix: str, state: ResponsesState)
         "arguments": call.arguments,
         "status": "completed",
     }
+    return _with_namespace(item, state)
+
+
+def _with_namespace(item: dict[str, Any], state: ResponsesState) -> dict[str, Any]:
+    """A call to a namespaced tool names its tool and namespace apart, as they were declared."""
+    if item["name"] in state.namespaced:
+        namespace, item["name"] = state.namespaced[item["name"]]
+        item["namespace"] = namespace
+    return item
 
 
 def _shell_action(args: Mapping[str, Any]) -> dict[str, Any] | None:

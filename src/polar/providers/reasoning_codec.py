@@ -9,6 +9,7 @@ harness replays it, the adapter recovers the exact text and puts it back into hi
 from __future__ import annotations
 
 import base64
+import binascii
 
 _PREFIX = "polar1:"
 
@@ -25,4 +26,26 @@ def decode_reasoning(blob: str | None) -> str | None:
     try:
         return base64.urlsafe_b64decode(blob[len(_PREFIX) :].encode("ascii")).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def encode_reasoning_b64(text: str) -> str:
+    """:func:`encode_reasoning` wrapped in standard base64, for the APIs whose signature is
+    bytes on the wire (Gemini's ``thoughtSignature`` and thought ``signature``: the Python SDK
+    decodes it to bytes and encodes it again)."""
+    return base64.b64encode(encode_reasoning(text).encode("ascii")).decode("ascii")
+
+
+def decode_reasoning_b64(value: object) -> str | None:
+    """The reasoning inside one of our signatures, base64-wrapped or bare; None for foreign ones."""
+    if not isinstance(value, str) or not value:
+        return None
+    bare = decode_reasoning(value)
+    if bare is not None:
+        return bare
+    try:
+        padded = value.replace("-", "+").replace("_", "/") + "=" * (-len(value) % 4)
+        raw = base64.b64decode(padded, validate=True)
+        return decode_reasoning(raw.decode("ascii"))
+    except (binascii.Error, ValueError):
         return None

@@ -9,6 +9,7 @@ from polar.errors import ConfigError
 from polar.providers.anthropic import AnthropicProvider
 from polar.providers.base import Provider, RequestContext
 from polar.providers.google import GoogleProvider
+from polar.providers.google_interactions import GoogleInteractionsProvider
 from polar.providers.openai_chat import OpenAIChatProvider
 from polar.providers.openai_responses import OpenAIResponsesProvider
 from polar.providers.routing import ProviderRouting, RoutingTable
@@ -19,6 +20,7 @@ PROVIDERS.add("anthropic", AnthropicProvider)
 PROVIDERS.add("openai_chat", OpenAIChatProvider)
 PROVIDERS.add("openai_responses", OpenAIResponsesProvider)
 PROVIDERS.add("google", GoogleProvider)
+PROVIDERS.add("google_interactions", GoogleInteractionsProvider)
 
 # Body-shape detection order: the most specific shapes first; providers added later go
 # before openai_chat, whose shape (a ``messages`` list) is the loosest.

@@ -26,10 +26,10 @@ class StatefulReplies(ABC):
 
     @abstractmethod
     def reply_to_store(
-        self, completion: Completion, request: NormalizedRequest
+        self, completion: Completion, request: NormalizedRequest, *, always: bool = False
     ) -> tuple[str, dict[str, Any]] | None:
         """``(id, body)`` of the reply to keep for later calls, or None when the client asked
-        for it not to be stored."""
+        for it not to be stored (``always``: kept anyway, for the connection it came over)."""
 
     @abstractmethod
     def continues(self, request: NormalizedRequest) -> str | None:

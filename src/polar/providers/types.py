@@ -17,6 +17,9 @@ Message = dict[str, Any]
 Tool = dict[str, Any]
 
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+# The chat-template variable that switches reasoning on or off where a template has one
+# (Qwen3, Qwen3.5, GLM-4.5+, Nemotron 3): what engine rendering sends in chat_template_kwargs.
+ENGINE_THINKING_SWITCH = "enable_thinking"
 
 
 @dataclass
@@ -58,6 +61,38 @@ class SamplingParams:
 
 
 FeatureFate = Literal["honoured", "mapped", "refused"]
+
+# The effort levels the templates with an effort control take (gpt-oss: low, medium, high).
+EffortLevel = Literal["low", "medium", "high"]
+
+
+@dataclass(frozen=True)
+class ReasoningSwitch:
+    """Reasoning switched on or off (Anthropic ``thinking``, OpenAI effort ``none``, Gemini
+    ``thinkingBudget``); ``feature`` is the client's field as the record names it."""
+
+    feature: str
+    on: bool
+
+
+@dataclass(frozen=True)
+class ReasoningEffort:
+    """How hard the model should reason: the client's word (``asked``) on a template's three
+    levels (``level``); ``feature`` names the client's field on the record."""
+
+    feature: str
+    asked: str
+    level: EffortLevel
+
+
+@dataclass(frozen=True)
+class ReasoningControls:
+    """What the client asked of the model's reasoning, whatever its API called it. Who renders
+    decides what becomes of it (gateway/request_features.py): the family's own template
+    variables under gateway rendering, the engine's chat fields under engine rendering."""
+
+    switch: ReasoningSwitch | None = None
+    effort: ReasoningEffort | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +190,12 @@ class NormalizedRequest:
     forced_call_pattern: str | None = None
     # The gateway session the call belongs to: an engine pool routes by it (set by the proxy).
     session_id: str | None = None
+    # Call ids the adapter made up where the client sent none (Gemini's calls and results
+    # answered by name): the gateway puts the model's own in their place where it knows the
+    # sampled turn a call stands for (gateway/call_ids.py).
+    made_up_call_ids: set[str] = field(default_factory=set)
+    # The reasoning switch and effort the client asked for (see ReasoningControls).
+    reasoning: ReasoningControls = field(default_factory=ReasoningControls)
 
     def chat_body(self) -> dict[str, Any]:
         """The chat-completions body for an engine; tool_choice only travels with tools."""
@@ -171,7 +212,19 @@ class NormalizedRequest:
             body["add_generation_prompt"] = False
         if self.parallel_tool_calls is not None and self.tools:
             body["parallel_tool_calls"] = self.parallel_tool_calls
+        body.update(self.engine_reasoning_fields())
         return body
+
+    def engine_reasoning_fields(self) -> dict[str, Any]:
+        """The reasoning controls as vLLM's and SGLang's chat fields (engine rendering): the
+        switch as the template variable Qwen3, GLM and Nemotron read, the effort as
+        ``reasoning_effort`` (gpt-oss)."""
+        fields: dict[str, Any] = {}
+        if self.reasoning.switch is not None:
+            fields["chat_template_kwargs"] = {ENGINE_THINKING_SWITCH: self.reasoning.switch.on}
+        if self.reasoning.effort is not None:
+            fields["reasoning_effort"] = self.reasoning.effort.level
+        return fields
 
 
 @dataclass

@@ -574,7 +574,8 @@ def test_sampling_params_and_missing_max_tokens() -> None:
     }
     assert request.stream is False
     assert request.requested_model == "m"
-    assert request.capture == CaptureTags()
+    # The thinking budget is no sampling parameter: it is on the record, by name.
+    assert request.capture.features == {"thinking.budget_tokens": "mapped"}
 
 
 MALFORMED: list[Any] = [

@@ -208,24 +208,35 @@ def test_openapi_parameters_become_json_schema() -> None:
     }
 
 
-def test_builtin_tools_are_dropped_and_named() -> None:
+@pytest.mark.conformance(feature="server tools (web_search, ...)", api="google", status="refused")
+@pytest.mark.parametrize(
+    ("tool", "name"),
+    [
+        ({"googleSearch": {}}, "googleSearch"),
+        ({"code_execution": {}}, "codeExecution"),
+        ({"urlContext": {}, "functionDeclarations": [{"name": "f"}]}, "urlContext"),
+        ({"googleSearchRetrieval": {"dynamicRetrievalConfig": {}}}, "googleSearchRetrieval"),
+    ],
+)
+def test_builtin_tools_are_refused_by_name_not_dropped(tool: dict[str, Any], name: str) -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "tools": [tool]}
+    with pytest.raises(InvalidRequest, match=f"built-in tool '{name}'"):
+        parse(body)
+
+
+@pytest.mark.conformance(feature="cachedContent", api="google", status="refused")
+def test_cached_content_is_refused_by_name_never_ignored() -> None:
     body = {
         "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-        "tools": [
-            {"googleSearch": {}},
-            {"code_execution": {}},
-            {"urlContext": {}, "functionDeclarations": [{"name": "f"}]},
-            {"googleSearchRetrieval": {"dynamicRetrievalConfig": {}}},
-        ],
+        "cachedContent": "cachedContents/abc",
     }
-    req = parse(body)
-    assert [t["function"]["name"] for t in req.tools] == ["f"]
-    assert req.dropped_tools == [
-        "googleSearch",
-        "codeExecution",
-        "urlContext",
-        "googleSearchRetrieval",
-    ]
+    with pytest.raises(NotFound, match="cachedContents/abc") as caught:
+        parse(body)
+    assert PROVIDER.error_body(caught.value)["error"] == {
+        "code": 404,
+        "message": caught.value.message,
+        "status": "NOT_FOUND",
+    }
 
 
 @pytest.mark.parametrize(
@@ -268,7 +279,7 @@ def test_allowed_names_naming_a_subset_are_refused_by_name_not_widened() -> None
 def test_tool_choice_stays_unset_without_tools() -> None:
     body = {
         "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-        "tools": [{"googleSearch": {}}],
+        "tools": [],
         "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},
     }
     req = parse(body)

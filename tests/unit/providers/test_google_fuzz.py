@@ -110,7 +110,6 @@ VALID_BODY: dict[str, Any] = {
                 {"name": "g", "parametersJsonSchema": {"type": "object"}},
             ]
         },
-        {"googleSearch": {}},
     ],
     "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["f"]}},
     "generationConfig": {

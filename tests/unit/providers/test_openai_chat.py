@@ -51,7 +51,6 @@ def test_qwen_style_history_normalizes():
         ],
         "tools": [
             {"type": "function", "function": {"name": "sh", "parameters": {"type": "object"}}},
-            {"type": "web_search"},
         ],
         "tool_choice": "auto",
         "max_tokens": 8000,
@@ -79,7 +78,7 @@ def test_qwen_style_history_normalizes():
     assert req.tools == [
         {"type": "function", "function": {"name": "sh", "parameters": {"type": "object"}}}
     ]
-    assert req.dropped_tools == ["web_search"]
+    assert req.dropped_tools == []
     assert (req.params.max_tokens, req.params.stop, req.params.top_k) == (8000, ["END"], 20)
     assert req.stream and req.adapter_state == ChatState(include_usage=True)
     assert req.chat_body()["tool_choice"] == "auto"

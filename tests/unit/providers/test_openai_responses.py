@@ -21,7 +21,7 @@ from polar.errors import (
     RateLimited,
 )
 from polar.providers.base import COUNT_TOKENS, GENERATE, RequestContext
-from polar.providers.openai_responses import OpenAIResponsesProvider
+from polar.providers.openai_responses import COMPACT, OpenAIResponsesProvider
 from polar.providers.reasoning_codec import decode_reasoning, encode_reasoning
 from polar.providers.stateful import RETRIEVE
 from polar.providers.types import Completion, NormalizedRequest, ToolCall
@@ -133,7 +133,7 @@ def codex_request() -> dict[str, Any]:
             },
             {"type": "function_call_output", "call_id": "call_D", "output": "a.py"},
         ],
-        "tools": [SHELL_TOOL, APPLY_PATCH_TOOL, {"type": "local_shell"}, {"type": "web_search"}],
+        "tools": [SHELL_TOOL, APPLY_PATCH_TOOL, {"type": "local_shell"}],
         "tool_choice": "auto",
         "parallel_tool_calls": False,
         "reasoning": {"effort": "medium", "summary": "auto"},
@@ -196,6 +196,7 @@ def parse(body: Any) -> NormalizedRequest:
         ("POST", "/responses", GENERATE),
         ("POST", "/api/v1/v1/responses/", GENERATE),
         ("POST", "/v1/responses/input_tokens", COUNT_TOKENS),
+        ("POST", "/v1/responses/compact", COMPACT),
         ("GET", "/v1/responses", None),
         ("POST", "/v1/responses/resp_1/cancel", None),
         ("POST", "/v1/chat/completions", None),
@@ -224,7 +225,7 @@ def test_codex_request_normalizes_exactly() -> None:
     assert request.model == "gpt-5-codex"
     assert request.stream is True
     assert request.messages == CODEX_MESSAGES
-    assert request.dropped_tools == ["web_search"]
+    assert request.dropped_tools == []
     assert request.tool_choice == "auto"
     assert [t["function"]["name"] for t in request.tools] == ["shell", "apply_patch", "local_shell"]
     assert request.tools[0] == {
@@ -428,7 +429,6 @@ def test_tool_output_images_follow_the_tool_results_as_a_user_turn() -> None:
 
 def test_local_shell_output_by_item_id_and_ignored_items() -> None:
     items = [
-        {"type": "item_reference", "id": "msg_old"},
         {"type": "web_search_call", "id": "ws_1", "status": "completed"},
         {
             "type": "local_shell_call",
@@ -438,7 +438,6 @@ def test_local_shell_output_by_item_id_and_ignored_items() -> None:
             "action": {"type": "exec", "command": ["pwd"], "env": {}},
         },
         {"type": "local_shell_call_output", "id": "ls_1", "output": "/work"},
-        {"type": "compaction", "encrypted_content": "x"},
     ]
     request = parse({"input": items, "tools": [{"type": "local_shell"}]})
     assert request.messages == [
@@ -449,7 +448,7 @@ def test_local_shell_output_by_item_id_and_ignored_items() -> None:
         },
         {"role": "tool", "tool_call_id": "ls_1", "content": "/work"},
     ]
-    assert request.capture.ignored_items == ["web_search_call", "compaction"]
+    assert request.capture.ignored_items == ["web_search_call"]
 
 
 def test_previous_response_id_is_left_to_the_gateway_to_resolve() -> None:
@@ -562,7 +561,6 @@ def test_sampling_params_and_accepted_fields() -> None:
             },
             {"type": "function", "function": {"name": "shell"}},
         ),
-        ({"type": "web_search_preview"}, "auto"),
         (None, None),
     ],
 )
@@ -582,35 +580,76 @@ def test_allowed_tools_naming_a_subset_is_refused_by_name_not_widened() -> None:
 
 
 def test_tool_choice_is_dropped_without_tools() -> None:
-    request = parse(
-        {"input": "x", "tools": [{"type": "web_search_preview"}], "tool_choice": "required"}
-    )
+    request = parse({"input": "x", "tools": [], "tool_choice": "required"})
     assert request.tools == []
     assert request.tool_choice is None
-    assert request.dropped_tools == ["web_search_preview"]
     assert "tool_choice" not in request.chat_body()
 
 
-def test_hosted_tools_are_dropped() -> None:
-    hosted = [
-        {"type": t}
-        for t in (
-            "web_search_preview",
-            "file_search",
-            "computer_use_preview",
-            "code_interpreter",
-            "image_generation",
-            "mcp",
-        )
-    ]
-    request = parse({"input": "x", "tools": [*hosted, {"type": "function", "name": "f"}]})
-    assert request.dropped_tools == [t["type"] for t in hosted]
-    assert request.tools == [
-        {
-            "type": "function",
-            "function": {"name": "f", "parameters": {"type": "object", "properties": {}}},
-        }
-    ]
+@pytest.mark.conformance(
+    feature="server tools (web_search, ...)", api="openai_responses", status="refused"
+)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "computer_use_preview",
+        "code_interpreter",
+        "image_generation",
+        "mcp",
+    ],
+)
+def test_hosted_tools_are_refused_by_name_not_dropped(kind: str) -> None:
+    """Dropped, the reply's ``tools`` would echo them as available to a model never shown
+    them: the request is refused naming the tool, as for Anthropic's server tools."""
+    tools = [{"type": kind}, {"type": "function", "name": "f"}]
+    with pytest.raises(InvalidRequest, match=f"hosted tool '{kind}'"):
+        parse({"input": "x", "tools": tools})
+    with pytest.raises(InvalidRequest, match=f"hosted tool '{kind}'"):
+        parse({"input": "x", "tools": tools[1:], "tool_choice": {"type": kind}})
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA..."},
+        {"type": "compaction_trigger"},
+        {"type": "context_compaction", "encrypted_content": "gAAAA..."},
+    ],
+    ids=lambda item: item["type"],
+)
+def test_remote_compaction_items_are_refused_by_name_never_skipped(item: dict[str, Any]) -> None:
+    """OpenAI's server-side compaction (Codex's for a provider named openai or azure: a
+    ``compaction_trigger`` as the last input item, then ``compaction`` items in later inputs)
+    is opaque state nothing here can make or read: a 400 naming the item and the way out."""
+    items = [{"role": "user", "content": "hi"}, item]
+    with pytest.raises(InvalidRequest, match=f"input item type '{item['type']}'") as caught:
+        parse({"input": items})
+    assert "Codex compacts locally" in caught.value.message
+    assert caught.value.status == 400
+    assert PROVIDER.error_body(caught.value)["error"]["type"] == "invalid_request_error"
+
+
+def test_the_compact_endpoint_is_refused_by_name() -> None:
+    """POST /responses/compact (older Codex's remote compaction, the SDK's
+    ``responses.compact``) is a 400 naming the endpoint, whatever the body."""
+    ctx = RequestContext(path="/s/key/v1/responses/compact", method="POST")
+    body = {"model": "m", "input": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(InvalidRequest, match="POST /responses/compact is not served") as caught:
+        PROVIDER.parse_request(body, ctx)
+    assert "named neither 'OpenAI' nor 'azure'" in caught.value.message
+    assert PROVIDER.error_body(caught.value)["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.conformance(feature="item_reference", api="openai_responses", status="refused")
+def test_an_item_reference_is_answered_not_found_never_skipped() -> None:
+    items = [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_old"}]
+    with pytest.raises(NotFound, match="Item with id 'msg_old' not found") as caught:
+        parse({"input": items})
+    assert PROVIDER.error_body(caught.value)["error"]["type"] == "not_found_error"
+    assert caught.value.status == 404
 
 
 @pytest.mark.parametrize(
