@@ -6,7 +6,9 @@ import secrets
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from polar.schemas.harness_ids import HarnessIds
 
 # orjson encodes at most 254 nested levels (and parses 1,024). A record's body holds the
 # harness's request one level down and the upstream request, which copies parts of it (tool
@@ -43,6 +45,12 @@ class CaptureRecord(BaseModel):
     response: dict[str, Any] = Field(
         description="The normalized completion as a chat-completions assistant message."
     )
+    harness_call_ids: list[str] = Field(
+        default_factory=list,
+        description="The id the harness was given for each call of `response`, in order: the "
+        "model's own (as in `response`) unless the session had been given it already, then "
+        "`<id>_<n>`, so no id reaches a harness twice (see gateway/call_ids.py).",
+    )
     prompt_ids: list[int]
     sampled_ids: list[int]
     logprobs: list[float] | None
@@ -55,11 +63,29 @@ class CaptureRecord(BaseModel):
         default_factory=list,
         description="What the adapter dropped or changed (stripped header lines, ignored items).",
     )
+    harness_ids: HarnessIds | None = Field(
+        default=None,
+        description="The agent ids the harness CLI put on the request's headers (an allow-list "
+        "of lineage headers; see capture/harness_ids.py), or None when it sent none.",
+    )
     routed_experts: str | None = Field(
         default=None,
         description="MoE routing replay: the experts of every prompt token and every sampled "
-        "token but the last, base64 .npy (positions, layers, top_k); see engines/routed_experts.",
+        "token but the last, base64 .npy (positions, layers, top_k); see capture/routed_experts.",
     )
+
+    @model_validator(mode="after")
+    def _one_harness_id_per_call(self) -> CaptureRecord:
+        calls, given = self.response.get("tool_calls") or [], self.harness_call_ids
+        if given and len(given) != len(calls):
+            raise ValueError(f"{len(given)} harness call ids for {len(calls)} tool calls")
+        return self
+
+    def call_id_pairs(self) -> list[tuple[str, str]]:
+        """(the id the harness was given, the model's own) for each call of the reply."""
+        calls = self.response.get("tool_calls") or []
+        # No harness ids (a record from before them, or no calls): no pairs.
+        return [(g, str(c.get("id"))) for g, c in zip(self.harness_call_ids, calls, strict=False)]
 
 
 def new_completion_id() -> str:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from polar.capture.records import CaptureRecord
 from polar.capture.token_blobs import blob_to_ids, blob_to_logprobs
 from polar.errors import CorruptRecord
+from polar.schemas.harness_ids import HarnessIds
 
 # Fields kept in the compressed ``body`` column rather than in columns of their own.
 BODY_FIELDS = (
@@ -32,6 +33,7 @@ BODY_FIELDS = (
     "request",
     "upstream_request",
     "response",
+    "harness_call_ids",
     "sampling",
     "dropped_tools",
     "notes",
@@ -96,6 +98,7 @@ class RowDecoder:
                 finish_reason=row["finish_reason"],
                 flags=orjson.loads(row["flags"]),
                 tags=orjson.loads(row["tags"]),
+                harness_ids=_harness_ids(row),
                 **body,
             )
         except (ValidationError, orjson.JSONDecodeError, TypeError) as exc:
@@ -137,6 +140,15 @@ class RowDecoder:
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return prompt
+
+
+def _harness_ids(row: sqlite3.Row) -> HarnessIds | None:
+    """The row's harness ids; a store read before its migration has no such column."""
+    try:
+        value = row["harness_ids"]
+    except IndexError:
+        return None
+    return None if value is None else HarnessIds.model_validate_json(value)
 
 
 def _check_base(child: Any, base: Any) -> None:

@@ -27,52 +27,30 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
-import numpy as np
 import orjson
 import zstandard
 
+from polar.capture.closed_column import add_closed_column
+from polar.capture.operations import (
+    AppendRecord,
+    CloseSession,
+    DeleteSession,
+    EncodedRecord,
+    ForgetReply,
+    KeepReply,
+    OpenSession,
+    Prepared,
+    ReplyRow,
+    SessionRow,
+    StoreOp,
+)
 from polar.capture.records import CaptureRecord
 from polar.capture.rows import BODY_FIELDS, RowDecoder, decompress_body
+from polar.capture.schema import create_or_migrate
 from polar.capture.token_blobs import PrefixIndex, exact_ids, logprobs_to_blob
 from polar.errors import CaptureError, CaptureUnavailable, CorruptRecord, InsufficientStorage
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    metadata BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS completions (
-    completion_id TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    provider TEXT NOT NULL,
-    model TEXT NOT NULL,
-    finish_reason TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    policy_version INTEGER,
-    n_prompt INTEGER NOT NULL,
-    n_sampled INTEGER NOT NULL,
-    flags TEXT NOT NULL,
-    tags TEXT NOT NULL,
-    prompt_base TEXT,
-    prompt_prefix_len INTEGER NOT NULL,
-    prompt_suffix BLOB NOT NULL,
-    sampled BLOB NOT NULL,
-    logprobs BLOB,
-    body BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS completions_by_session ON completions (session_id, seq);
-CREATE TABLE IF NOT EXISTS replies (
-    reply_id TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    completion_id TEXT NOT NULL,
-    body BLOB NOT NULL
-);
-"""
 
 Synchronous = Literal["NORMAL", "FULL"]
 _STOP = object()
@@ -90,19 +68,6 @@ class RecordFault:
     session_id: str
     seq: int
     error: str
-
-
-@dataclass
-class _Encoded:
-    """A record's columns, computed before its batch so a bad record fails alone."""
-
-    record: CaptureRecord
-    prompt: np.ndarray
-    sampled: bytes
-    logprobs: bytes | None
-    flags: str
-    tags: str
-    body: bytes
 
 
 class CaptureStore:
@@ -150,7 +115,8 @@ class CaptureStore:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-        conn.executescript(_SCHEMA)
+        create_or_migrate(conn)
+        add_closed_column(conn)
         return conn
 
     # -- writing -------------------------------------------------------------------------
@@ -167,7 +133,7 @@ class CaptureStore:
         """
         if not checked:
             self.check_writable()
-        return await asyncio.wrap_future(self.submit(("record", record)))
+        return await asyncio.wrap_future(self.submit(AppendRecord(record)))
 
     def check_writable(self) -> None:
         """Raises the store's fault while it has one, except once every ``retry_after_s``: that
@@ -192,27 +158,31 @@ class CaptureStore:
         return self._queue.qsize()
 
     async def add_session(self, session_id: str, metadata: dict[str, Any]) -> None:
-        await asyncio.wrap_future(self.submit(("session", session_id, metadata)))
+        await asyncio.wrap_future(self.submit(OpenSession(session_id, metadata)))
 
     async def close_session(self, session_id: str) -> None:
-        """Mark a session closed: its key must not come back to life when a gateway restarts."""
-        await asyncio.wrap_future(self.submit(("close", session_id)))
+        """Mark a session closed (its row's ``closed`` column): its key must not come back to
+        life when a gateway restarts."""
+        await asyncio.wrap_future(self.submit(CloseSession(session_id)))
 
     async def keep_reply(
         self, session_id: str, reply_id: str, completion_id: str, body: dict[str, Any]
     ) -> None:
         """Keep the reply a client may fetch again or continue (APIs with stored responses)."""
-        await asyncio.wrap_future(self.submit(("reply", session_id, reply_id, completion_id, body)))
+        await asyncio.wrap_future(self.submit(KeepReply(session_id, reply_id, completion_id, body)))
 
     async def forget_reply(self, session_id: str, reply_id: str) -> bool:
         """Drop a kept reply (its call's record stays); False if the session has none by that id."""
-        return bool(await asyncio.wrap_future(self.submit(("forget", session_id, reply_id))))
+        return bool(await asyncio.wrap_future(self.submit(ForgetReply(session_id, reply_id))))
 
     async def delete_session(self, session_id: str) -> None:
         """Drop a session's calls; its row stays, closed (a deleted id is never reopened)."""
-        await asyncio.wrap_future(self.submit(("delete", session_id)))
+        await asyncio.wrap_future(self.submit(DeleteSession(session_id)))
 
-    def submit(self, op: tuple[Any, ...]) -> Future[Any]:
+    def submit(self, op: StoreOp) -> Future[Any]:
+        """Queue ``op`` for the writer thread; the future gets its result once committed."""
+        if not isinstance(op, StoreOp):  # the writer would have nothing to dispatch it to
+            raise TypeError(f"not a capture store operation: {op!r}")
         if not self._writer.is_alive():
             raise CaptureUnavailable("capture store is closed (its writer thread is not running)")
         future: Future[Any] = Future()
@@ -241,7 +211,7 @@ class CaptureStore:
         finally:
             conn.close()
 
-    def _next_batch(self) -> list[tuple[tuple[Any, ...], Future[Any]]] | None:
+    def _next_batch(self) -> list[tuple[StoreOp, Future[Any]]] | None:
         """The next ops to commit together (None: stop), without those whose caller gave up
         (a cancelled append was never acknowledged to anyone, so it is not written)."""
         first = self._queue.get()
@@ -259,8 +229,8 @@ class CaptureStore:
             batch.append(item)
         return [(op, future) for op, future in batch if future.set_running_or_notify_cancel()]
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Future[Any]]]) -> None:
-        ready: list[tuple[Any, Future[Any]]] = []
+    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[StoreOp, Future[Any]]]) -> None:
+        ready: list[tuple[Prepared, Future[Any]]] = []
         for op, future in batch:
             try:
                 ready.append((self._prepare(op), future))
@@ -271,9 +241,9 @@ class CaptureStore:
         done: list[tuple[Future[Any], Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, future in ready:
+            for prepared, future in ready:
                 try:
-                    done.append((future, self._apply(conn, op)))
+                    done.append((future, self._apply(conn, prepared)))
                 except sqlite3.IntegrityError as exc:  # only this statement was rolled back
                     future.set_exception(CaptureError(f"completion not stored: {exc}"))
             conn.execute("COMMIT")
@@ -301,26 +271,28 @@ class CaptureStore:
         self._prefixes.clear()
         self._seq.clear()
 
-    def _prepare(self, op: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _prepare(self, op: StoreOp) -> Prepared:
         """Everything about ``op`` that can fail without the database, done before the batch."""
-        kind = op[0]
-        if kind == "record":
-            return ("record", self._encode(op[1]))
-        if kind == "session":
-            try:
-                return ("session", op[1], orjson.dumps(op[2]))
-            except orjson.JSONEncodeError as exc:
-                raise CaptureError(f"session metadata cannot be stored: {exc}") from exc
-        if kind == "reply":
-            try:
-                return ("reply", *op[1:4], self._compressor.compress(orjson.dumps(op[4])))
-            except orjson.JSONEncodeError as exc:
-                raise CaptureError(f"reply cannot be stored: {exc}") from exc
-        if kind in ("close", "delete", "forget"):
-            return op
-        raise ValueError(f"unknown store operation {kind!r}")
+        match op:
+            case AppendRecord(record):
+                return self._encode(record)
+            case OpenSession(session_id, metadata):
+                try:
+                    return SessionRow(session_id, orjson.dumps(metadata))
+                except orjson.JSONEncodeError as exc:
+                    raise CaptureError(f"session metadata cannot be stored: {exc}") from exc
+            case KeepReply(session_id, reply_id, completion_id, body):
+                try:
+                    blob = self._compressor.compress(orjson.dumps(body))
+                except orjson.JSONEncodeError as exc:
+                    raise CaptureError(f"reply cannot be stored: {exc}") from exc
+                return ReplyRow(session_id, reply_id, completion_id, blob)
+            case CloseSession() | DeleteSession() | ForgetReply():
+                return op
+            case _:
+                assert_never(op)
 
-    def _encode(self, record: CaptureRecord) -> _Encoded:
+    def _encode(self, record: CaptureRecord) -> EncodedRecord:
         n_sampled = len(record.sampled_ids)
         if record.logprobs is not None and len(record.logprobs) != n_sampled:
             raise CaptureError(
@@ -329,7 +301,7 @@ class CaptureStore:
             )
         body = {name: getattr(record, name) for name in BODY_FIELDS}
         try:
-            return _Encoded(
+            return EncodedRecord(
                 record=record,
                 prompt=exact_ids(record.prompt_ids, "prompt ids"),
                 sampled=exact_ids(record.sampled_ids, "sampled ids").tobytes(),
@@ -337,54 +309,61 @@ class CaptureStore:
                 flags=orjson.dumps(record.flags).decode(),
                 tags=orjson.dumps(record.tags).decode(),
                 body=self._compressor.compress(orjson.dumps(body)),
+                harness_ids=(
+                    record.harness_ids.model_dump_json() if record.harness_ids is not None else None
+                ),
+                call_ids=[(record.session_id, *pair) for pair in record.call_id_pairs()],
             )
         except (ValueError, TypeError, orjson.JSONEncodeError) as exc:
             raise CaptureError(
                 f"completion not stored, it cannot be stored exactly: {exc}"
             ) from exc
 
-    def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> Any:
-        kind = op[0]
-        if kind == "record":
-            return self._insert_record(conn, op[1])
-        if kind == "session":
-            conn.execute(
-                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?)", (op[1], time.time(), op[2])
-            )
-            return None
-        if kind == "close":
-            self._close(conn, op[1])
-            return None
-        if kind == "reply":
-            conn.execute(
-                "INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?)", (op[2], op[1], *op[3:])
-            )
-            return None
-        if kind == "forget":
-            cursor = conn.execute(
-                "DELETE FROM replies WHERE reply_id = ? AND session_id = ?", (op[2], op[1])
-            )
-            return cursor.rowcount > 0
-        # delete: the calls go; the session's row stays, closed, so its id is never reused
-        conn.execute("DELETE FROM completions WHERE session_id = ?", (op[1],))
-        conn.execute("DELETE FROM replies WHERE session_id = ?", (op[1],))
-        self._close(conn, op[1])
-        self._prefixes.forget(op[1])
-        self._seq.pop(op[1], None)
-        return None
+    def _apply(self, conn: sqlite3.Connection, op: Prepared) -> Any:
+        match op:
+            case EncodedRecord():
+                return self._insert_record(conn, op)
+            case SessionRow(session_id, metadata):
+                conn.execute(
+                    "INSERT OR REPLACE INTO sessions (session_id, created_at, metadata) "
+                    "VALUES (?, ?, ?)",
+                    (session_id, time.time(), metadata),
+                )
+                return None
+            case CloseSession(session_id):
+                self._close(conn, session_id)
+                return None
+            case ReplyRow(session_id, reply_id, completion_id, body):
+                conn.execute(
+                    "INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?)",
+                    (reply_id, session_id, completion_id, body),
+                )
+                return None
+            case ForgetReply(session_id, reply_id):
+                cursor = conn.execute(
+                    "DELETE FROM replies WHERE reply_id = ? AND session_id = ?",
+                    (reply_id, session_id),
+                )
+                return cursor.rowcount > 0
+            case DeleteSession(session_id):
+                self._delete(conn, session_id)
+                return None
+            case _:
+                assert_never(op)
+
+    def _delete(self, conn: sqlite3.Connection, session_id: str) -> None:
+        """The calls go; the session's row stays, closed, so its id is never reused."""
+        conn.execute("DELETE FROM completions WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM replies WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM call_ids WHERE session_id = ?", (session_id,))
+        self._close(conn, session_id)
+        self._prefixes.forget(session_id)
+        self._seq.pop(session_id, None)
 
     def _close(self, conn: sqlite3.Connection, session_id: str) -> None:
-        row = conn.execute(
-            "SELECT metadata FROM sessions WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        if row is not None:
-            metadata = orjson.loads(row[0]) | {"closed": True}
-            conn.execute(
-                "UPDATE sessions SET metadata = ? WHERE session_id = ?",
-                (orjson.dumps(metadata), session_id),
-            )
+        conn.execute("UPDATE sessions SET closed = 1 WHERE session_id = ?", (session_id,))
 
-    def _insert_record(self, conn: sqlite3.Connection, enc: _Encoded) -> CaptureRecord:
+    def _insert_record(self, conn: sqlite3.Connection, enc: EncodedRecord) -> CaptureRecord:
         record = enc.record
         sid = record.session_id
         seq = self._seq.get(sid)
@@ -395,7 +374,7 @@ class CaptureStore:
             seq = -1 if row[0] is None else int(row[0])
         ref = self._prefixes.choose(sid, enc.prompt)
         conn.execute(
-            "INSERT INTO completions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO completions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 record.completion_id,
                 sid,
@@ -416,8 +395,11 @@ class CaptureStore:
                 enc.sampled,
                 enc.logprobs,
                 enc.body,
+                enc.harness_ids,
             ),
         )
+        # Each id is issued once per session; OR IGNORE all the same: the record's row is in.
+        conn.executemany("INSERT OR IGNORE INTO call_ids VALUES (?, ?, ?)", enc.call_ids)
         # The row is in (this transaction): only now may later prompts build on it.
         self._seq[sid] = record.seq = seq + 1
         self._prefixes.remember(sid, record.completion_id, enc.prompt)
@@ -440,8 +422,13 @@ class CaptureStore:
         ]
 
     def sessions(self) -> dict[str, dict[str, Any]]:
+        """Every session's metadata, open or closed (:meth:`closed_sessions` says which)."""
         rows = self._rows("SELECT session_id, metadata FROM sessions", ())
         return {r["session_id"]: orjson.loads(r["metadata"]) for r in rows}
+
+    def closed_sessions(self) -> set[str]:
+        """The ids of closed (or deleted) sessions: never opened again."""
+        return {r[0] for r in self._rows("SELECT session_id FROM sessions WHERE closed", ())}
 
     def call_counts(self, session_id: str | None = None) -> dict[str, int]:
         """Stored calls per session (all sessions, or one): the store is the count's truth."""
@@ -529,6 +516,12 @@ class CaptureStore:
         if not rows:
             return None
         return rows[0]["completion_id"], orjson.loads(decompress_body(rows[0]["body"]))
+
+    def call_ids(self, session_id: str) -> dict[str, str]:
+        """Every tool-call id ``session_id``'s harness was given -> the model's own id, so a
+        restarted gateway maps them back and issues none again (gateway/call_ids.py)."""
+        sql = "SELECT call_id, model_call_id FROM call_ids WHERE session_id = ?"
+        return {r[0]: r[1] for r in self._rows(sql, (session_id,))}
 
     def storage_stats(self, session_id: str) -> dict[str, int]:
         """Prompt tokens captured vs stored, to show the prefix sharing at work."""

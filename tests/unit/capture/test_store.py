@@ -5,10 +5,13 @@ import sqlite3
 import time
 import zlib
 
+import pytest
 import zstandard
 
+from polar.capture.operations import DeleteSession, KeepReply, OpenSession
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
+from polar.errors import CaptureError
 from polar.gateway.services import app_services
 
 
@@ -130,6 +133,29 @@ def test_concurrent_appends_all_commit(tmp_path):
     store.close()
 
 
+def test_a_store_from_before_the_closed_column_opens_with_its_closed_sessions(tmp_path):
+    """Stores written before the column kept ``"closed": true`` in the session's JSON: the
+    column is added and filled from it, and a deleted (closed) id stays closed."""
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE sessions (session_id TEXT PRIMARY KEY, created_at REAL NOT NULL, "
+                 "metadata BLOB NOT NULL)")  # fmt: skip
+    rows = [("live", b'{"task_id":"t"}'), ("done", b'{"task_id":"t","closed":true}')]
+    conn.executemany("INSERT INTO sessions VALUES (?, 0, ?)", rows)
+    conn.commit()
+    conn.close()
+    store = CaptureStore(db)
+    assert store.closed_sessions() == {"done"}
+    assert store.sessions()["live"] == {"task_id": "t"}
+    asyncio.run(store.add_session("new", {}))
+    asyncio.run(store.delete_session("live"))
+    assert store.closed_sessions() == {"done", "live"}
+    store.close()
+    again = CaptureStore(db)  # migrated once; the second open finds the column filled
+    assert again.closed_sessions() == {"done", "live"}
+    again.close()
+
+
 def test_closed_sessions_stay_closed_after_reopen(tmp_path):
     from polar.gateway.app import create_app
     from polar.gateway.config import GatewayConfig
@@ -139,10 +165,45 @@ def test_closed_sessions_stay_closed_after_reopen(tmp_path):
     asyncio.run(store.add_session("open", {}))
     asyncio.run(store.add_session("done", {"task": "t"}))
     asyncio.run(store.close_session("done"))
-    assert store.sessions()["done"] == {"task": "t", "closed": True}
+    assert store.sessions()["done"] == {"task": "t"}  # closed is the row's column, not a key
+    assert store.closed_sessions() == {"done"}
     store.close()
     app = create_app(
         GatewayConfig(capture_db=db, engine={"kind": "vllm", "base_url": "http://127.0.0.1:9"})
     )
     assert [s.session_id for s in app_services(app).sessions.all()] == ["open"]
     app_services(app).store.close()
+
+
+def test_each_operation_is_its_own_type_and_a_stray_one_is_refused(tmp_path):
+    """Every write goes to the writer as a typed operation; something else is refused at the
+    door (the writer thread would have nothing to dispatch it to), and the store still works."""
+    store = CaptureStore(tmp_path / "c.db")
+    asyncio.run(store.add_session("s", {"task": "t"}))
+    body = {"id": "resp_1", "output": []}
+    asyncio.run(store.keep_reply("s", "resp_1", "c1", body))
+    assert store.reply("resp_1", "s") == ("c1", body)
+    assert asyncio.run(store.forget_reply("s", "resp_1")) is True
+    assert asyncio.run(store.forget_reply("s", "resp_1")) is False
+    assert store.reply("resp_1", "s") is None
+    with pytest.raises(TypeError, match="not a capture store operation"):
+        store.submit(("session", "s2", {}))  # type: ignore[arg-type]
+    future = store.submit(OpenSession("s2", {"n": 1}))
+    assert future.result(timeout=10) is None
+    assert store.sessions() == {"s": {"task": "t"}, "s2": {"n": 1}}
+    asyncio.run(store.append(_record("s2", "c2", [1, 2], [3])))
+    store.submit(DeleteSession("s2")).result(timeout=10)
+    assert store.records("s2") == []
+    assert store.closed_sessions() == {"s2"}
+    store.close()
+
+
+def test_an_unstorable_operation_fails_alone(tmp_path):
+    store = CaptureStore(tmp_path / "c.db")
+    bad = store.submit(KeepReply("s", "r", "c", {"x": object()}))
+    good = store.submit(OpenSession("s", {}))
+    with pytest.raises(CaptureError, match="reply cannot be stored"):
+        bad.result(timeout=10)
+    assert good.result(timeout=10) is None
+    assert store.sessions() == {"s": {}}
+    store.close()

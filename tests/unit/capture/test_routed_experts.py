@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from polar.capture import routed_experts
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
-from polar.engines import routed_experts
 from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
 from polar.engines.vllm import VLLMEngine
 from polar.errors import MalformedEngineReply
