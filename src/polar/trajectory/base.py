@@ -15,16 +15,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from polar.capture import routed_experts
 from polar.capture.records import CaptureRecord
-from polar.engines import routed_experts
 from polar.errors import ConfigError
 from polar.schemas.flags import FLAG_ABORTED
+from polar.schemas.token_delivery import MASK_REASONS, LossReason, LostTokens, TokenDelivery
 from polar.schemas.trajectory import (
     MaskReason,
     MaskSpan,
     Trace,
     TraceLineage,
+    TraceStats,
     Trajectory,
+    TrajectoryStats,
     TrajectoryStatus,
 )
 from polar.trajectory.lineage import SessionTree, learn_eot, session_tree
@@ -155,10 +158,11 @@ def _current_version(given: Any, calls: list[CaptureRecord]) -> int | None:
 
 @dataclass
 class Grouping:
-    """A builder's answer: the segments in output order and any builder-level facts."""
+    """A builder's answer: the segments in output order and any builder-level facts (the
+    fields of ``stats`` it sets go into the trajectory's, e.g. prefix_merging's end of turn)."""
 
     segments: list[Segment]
-    metadata: dict[str, Any] = field(default_factory=dict)
+    stats: TrajectoryStats = field(default_factory=TrajectoryStats)
 
 
 class Builder(ABC):
@@ -187,15 +191,25 @@ class Builder(ABC):
         status: TrajectoryStatus = TrajectoryStatus.COMPLETED,
         metadata: Mapping[str, Any] | None = None,
     ) -> Trajectory:
-        """The trajectory of one session; ``status`` says how the session ended."""
-        base_meta: dict[str, Any] = {"builder": self.name, **(metadata or {})}
-        if not records:
+        """The trajectory of one session; ``status`` says how the session ended. ``metadata``
+        holds the caller's session facts (``TrajectoryStats`` fields, e.g. ``session_id``,
+        ``group_id``, ``policy_version``); an unknown key is refused."""
+        facts = dict(metadata or {})
+        # The caller's version is only where staleness is measured from (an int, else
+        # ignored); the trajectory states the version it measured against.
+        given_version = facts.pop("policy_version", None)
+        given = TrajectoryStats.model_validate({"builder": self.name, **facts})
+        calls = sorted(records, key=lambda r: (r.seq, r.started_at))
+        current = _current_version(given_version, calls)
+        if not calls:
+            empty = TrajectoryStats(num_calls=0, num_traces=0, delivery=TokenDelivery())
+            if metadata is not None and "policy_version" in metadata:
+                empty = empty.merged(TrajectoryStats(policy_version=current))
             return Trajectory(
                 status=TrajectoryStatus.ERROR,
-                metadata={**base_meta, "num_calls": 0, "num_traces": 0},
+                metadata=given.merged(empty).written(),
                 error="no model calls were captured in this session: nothing to train on",
             )
-        calls = sorted(records, key=lambda r: (r.seq, r.started_at))
         agent = [r for r in calls if side_call_kind(r) is None]
         side = [r for r in calls if side_call_kind(r) is not None]
         grouping = self.group(agent) if agent else Grouping([])
@@ -209,9 +223,9 @@ class Builder(ABC):
             ]
         else:
             excluded = [r.completion_id for r in side]
-        eot = grouping.metadata.get("eot_token_id")
-        tree = session_tree(agent, eot if isinstance(eot, int) else learn_eot(agent))
-        current = _current_version((metadata or {}).get("policy_version"), calls)
+        side_tokens = sum(len(r.sampled_ids) for r in side) if excluded else 0
+        eot = grouping.stats.eot_token_id
+        tree = session_tree(agent, eot if eot is not None else learn_eot(agent))
         masking = _Masking(tree, current, self.config.max_staleness)
         traces = [self._trace(s, masking) for s in segments]
         _link(traces, segments, tree)
@@ -220,15 +234,14 @@ class Builder(ABC):
             raise AssertionError(
                 f"{self.name} accounted for {in_traces + len(excluded)} of {len(calls)} calls"
             )
-        meta = {
-            **base_meta,
-            **grouping.metadata,
-            **_totals(segments, traces),
-            "policy_version": current,
-            "num_calls": len(calls),
-            "calls_in_traces": in_traces,
-            "excluded_side_calls": excluded,
-        }
+        counted = TrajectoryStats(
+            policy_version=current,
+            num_calls=len(calls),
+            calls_in_traces=in_traces,
+            excluded_side_calls=excluded,
+            delivery=delivery(traces, side_tokens),
+        )
+        meta = given.merged(grouping.stats, _totals(segments, traces), counted).written()
         if not traces:
             return Trajectory(
                 status=TrajectoryStatus.ERROR,
@@ -265,6 +278,10 @@ class Builder(ABC):
                 f"{self.name} merged calls {inexact} into a context their engine prompt "
                 "differs from; exact mode must split them"
             )
+        stats = self._trace_stats(seg, untrainable, inexact, starts)
+        routing = _routing(seg.records, len(first.prompt_ids) + len(response), inexact)
+        if routing is not None:  # absent, not null, without it
+            stats = stats.merged(TraceStats(routed_experts=routing))
         return Trace(
             prompt_ids=list(first.prompt_ids),
             response_ids=response,
@@ -275,15 +292,7 @@ class Builder(ABC):
             tools=list(first.upstream_request.get("tools") or []),
             finish_reason=last.finish_reason,
             masked=masked,
-            metadata={
-                **self._trace_metadata(seg, untrainable, inexact),
-                "call_spans": [
-                    [start, start + len(rec.sampled_ids)]
-                    for rec, start in zip(seg.records, starts, strict=True)
-                ],
-                "call_versions": [rec.policy_version for rec in seg.records],
-                **_routing(seg.records, len(first.prompt_ids) + len(response), inexact),
-            },
+            metadata=stats.written(),
         )
 
     def _untrainable_reasons(self, records: list[CaptureRecord]) -> list[str]:
@@ -294,33 +303,62 @@ class Builder(ABC):
             reasons.append(UNTRAINABLE_MULTI_VERSION)
         return reasons
 
-    def _trace_metadata(
-        self, seg: Segment, untrainable: list[str], inexact: list[str]
-    ) -> dict[str, Any]:
+    def _trace_stats(
+        self, seg: Segment, untrainable: list[str], inexact: list[str], starts: list[int]
+    ) -> TraceStats:
         recs = seg.records
-        flags = sorted({f for r in recs for f in r.flags})
-        return {
-            "completion_ids": [r.completion_id for r in recs],
-            "num_calls": len(recs),
-            "merged_calls": len(recs) - 1,
-            "context_exact_calls": len(recs) - 1 - len(inexact),
-            "inexact_context_calls": inexact,
-            "chain_index": seg.chain_index,
-            "segment_index": seg.segment_index,
-            "break_reason": seg.break_reason,
-            "forked_from": seg.forked_from,
-            "side_call": seg.side_call,
-            "drift_turns": seg.drift_turns,
-            "drift_tokens": seg.drift_tokens,
-            "repaired_steps": seg.repaired_steps,
-            "repaired_tokens": seg.repaired_tokens,
-            "policy_versions": _versions(recs),
-            "aborted": any(is_aborted(r) for r in recs),
-            "trainable": not untrainable,
-            "untrainable_reasons": untrainable,
-            "sampled_tokens": sum(len(r.sampled_ids) for r in recs),
-            "flags": flags,
-        }
+        return TraceStats(
+            completion_ids=[r.completion_id for r in recs],
+            num_calls=len(recs),
+            merged_calls=len(recs) - 1,
+            context_exact_calls=len(recs) - 1 - len(inexact),
+            inexact_context_calls=inexact,
+            chain_index=seg.chain_index,
+            segment_index=seg.segment_index,
+            break_reason=seg.break_reason,
+            forked_from=seg.forked_from,
+            side_call=seg.side_call,
+            drift_turns=seg.drift_turns,
+            drift_tokens=seg.drift_tokens,
+            repaired_steps=seg.repaired_steps,
+            repaired_tokens=seg.repaired_tokens,
+            policy_versions=_versions(recs),
+            aborted=any(is_aborted(r) for r in recs),
+            trainable=not untrainable,
+            untrainable_reasons=untrainable,
+            sampled_tokens=sum(len(r.sampled_ids) for r in recs),
+            flags=sorted({f for r in recs for f in r.flags}),
+            call_spans=[
+                (start, start + len(rec.sampled_ids))
+                for rec, start in zip(recs, starts, strict=True)
+            ],
+            call_versions=[rec.policy_version for rec in recs],
+        )
+
+
+def delivery(traces: Sequence[Trace], side_call_tokens: int = 0) -> TokenDelivery:
+    """Where the sampled ids of a session's calls went: ``traces`` hold them (each call's
+    span, masked for the first of its reasons, or undeliverable in a trace with no prompt),
+    ``side_call_tokens`` were left out as side calls."""
+    lost = LostTokens().adding(LossReason.SIDE_CALL, side_call_tokens)
+    sampled = side_call_tokens
+    delivered = 0
+    for trace in traces:
+        masks: dict[str, set[LossReason]] = {}
+        for span in trace.masked:
+            masks.setdefault(span.completion_id or "", set()).add(LossReason(span.reason.value))
+        stats = trace.stats
+        for call, (start, end) in zip(stats.completion_ids, stats.call_spans, strict=True):
+            tokens = end - start
+            sampled += tokens
+            reasons = masks.get(call, set())
+            if not trace.prompt_ids:
+                lost = lost.adding(LossReason.DRIFT_BREAK, tokens)
+            elif reasons:
+                lost = lost.adding(next(r for r in MASK_REASONS if r in reasons), tokens)
+            else:
+                delivered += tokens
+    return TokenDelivery(sampled_tokens=sampled, delivered_tokens=delivered, lost=lost)
 
 
 def inexact_contexts(
@@ -383,11 +421,19 @@ def _link(traces: list[Trace], segments: list[Segment], tree: SessionTree) -> No
         reason = link.reason
         if seg.break_reason is not None and link.relation.value in ("continues", "rewrites"):
             reason = seg.break_reason
+        disagreements = [
+            found.disagreement
+            for r in seg.records
+            if (found := tree.links.get(r.completion_id)) is not None and found.disagreement
+        ]
         trace.lineage = TraceLineage(
             kind=link.kind,
             parent_trace=holder.get(link.parent) if link.parent is not None else None,
             parent_call=link.parent,
             reason=reason,
+            harness=link.harness,
+            disagreements=disagreements,
+            compaction=link.compaction,
         )
 
 
@@ -412,7 +458,7 @@ def _response_messages(records: list[CaptureRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
+def _totals(segments: list[Segment], traces: list[Trace]) -> TrajectoryStats:
     breaks = Counter(s.break_reason for s in segments if s.break_reason is not None)
     merged = [s for s in segments if s.side_call is None]
     masked: Counter[str] = Counter()
@@ -420,31 +466,32 @@ def _totals(segments: list[Segment], traces: list[Trace]) -> dict[str, Any]:
         for span in t.masked:
             masked[span.reason.value] += span.end - span.start
     kinds = Counter(t.lineage.kind.value for t in traces if t.lineage is not None)
-    return {
-        "num_traces": len(traces),
-        "num_chains": len({s.chain_index for s in segments}),
-        "breaks": dict(sorted(breaks.items())),
-        "drift_turns": sum(s.drift_turns for s in segments),
-        "drift_tokens": sum(s.drift_tokens for s in segments),
-        "repaired_steps": sum(s.repaired_steps for s in segments),
-        "repaired_tokens": sum(s.repaired_tokens for s in segments),
-        "side_call_traces": len(segments) - len(merged),
-        "completions_per_trace": (
+    stats = [t.stats for t in traces]
+    return TrajectoryStats(
+        num_traces=len(traces),
+        num_chains=len({s.chain_index for s in segments}),
+        breaks=dict(sorted(breaks.items())),
+        drift_turns=sum(s.drift_turns for s in segments),
+        drift_tokens=sum(s.drift_tokens for s in segments),
+        repaired_steps=sum(s.repaired_steps for s in segments),
+        repaired_tokens=sum(s.repaired_tokens for s in segments),
+        side_call_traces=len(segments) - len(merged),
+        completions_per_trace=(
             sum(len(s.records) for s in merged) / len(merged) if merged else 0.0
         ),
-        "merged_calls": sum(t.stats.merged_calls for t in traces),
-        "context_exact_calls": sum(t.stats.context_exact_calls for t in traces),
-        "untrainable_traces": sum(1 for t in traces if not t.stats.trainable),
-        "masked_tokens": dict(sorted(masked.items())),
-        "trace_kinds": dict(sorted(kinds.items())),
-    }
+        merged_calls=sum(t.merged_calls for t in stats),
+        context_exact_calls=sum(t.context_exact_calls for t in stats),
+        untrainable_traces=sum(1 for t in stats if not t.trainable),
+        masked_tokens=dict(sorted(masked.items())),
+        trace_kinds=dict(sorted(kinds.items())),
+    )
 
 
-def _routing(records: list[CaptureRecord], length: int, inexact: list[str]) -> dict[str, Any]:
+def _routing(records: list[CaptureRecord], length: int, inexact: list[str]) -> str | None:
     """MoE routing replay: the trace's routed experts (prompt + response - 1 positions, base64
     .npy) when every call captured them and the merged context is the engines' exactly."""
     if inexact or any(r.routed_experts is None for r in records):
-        return {}
+        return None
     calls = [(r.routed_experts, len(r.prompt_ids) + len(r.sampled_ids)) for r in records]
     merged = routed_experts.merge(calls, length)
-    return {"routed_experts": routed_experts.encode(merged)} if merged is not None else {}
+    return routed_experts.encode(merged) if merged is not None else None

@@ -185,7 +185,8 @@ def _lineage(trace: Trace) -> str | None:
     if line is None:
         return None
     parent = f" of trace {line.parent_trace}" if line.parent_trace is not None else ""
-    return f"{line.kind.value}{parent} ({line.reason})"
+    step = f" {line.compaction.step.value}" if line.compaction is not None else ""
+    return f"{line.kind.value}{step}{parent} ({line.reason})"
 
 
 def _masked(trace: Trace) -> str | None:

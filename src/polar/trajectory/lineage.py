@@ -9,11 +9,24 @@ prompt re-renders, then the latest). From that prefix relation:
 - its prompt equals (or ends within) the parent's: a second attempt; a ``retry`` when the first
   attempt was abandoned (no later call continues it; its sampled ids are then masked), else a
   parallel ``branch``;
+- it asks for a summary of its history without extending it (Codex's compaction request, sent
+  without the tools): a ``compaction`` trace of its own (step ``summary``) whose parent call is
+  the latest call whose messages its history extends;
 - it diverges and carries a compaction summary its parent does not (Claude Code's continued
-  session, Codex's summary message): a ``compaction``, a new agent, wherever it diverges;
+  session, Codex's summary message), or is the first call of Codex's next context window: a
+  ``compaction`` (step ``continuation``), wherever it diverges; its parent call is the last
+  call of the compacted history, and ``summary_call`` the call whose reply it carries;
 - it diverges after the parent's agent's first messages: that agent's history was rewritten;
 - it diverges earlier (at most the system prompt shared): a new agent, a ``subagent`` (Claude
   Code's sub-agent system prompt is named as the evidence when present).
+
+When the harness CLI labels its agents on the request headers (``CaptureRecord.harness_ids``:
+Claude Code's agent ids, Codex's thread ids, opencode's session ids), those ids decide which
+agent each call belongs to and which agent spawned it; the prefix relation above stays the
+fallback for calls without them and the cross-check for calls with them. Where the two agree,
+the prefix's link stands (its kind and reason; a sub-agent's parent call is the latest call of
+the agent the ids name as its parent); where they differ, the ids decide (reason
+``harness_headers``) and the call carries a :class:`LineageDisagreement` naming both views.
 
 Cost: about linear in the session's prompt tokens: earlier prompts are found by hashes of
 their leading blocks (:class:`_PrefixIndex`), and only those sharing the most blocks are
@@ -24,24 +37,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
 from polar.capture.records import CaptureRecord
-from polar.schemas.trajectory import TraceKind
+from polar.schemas.harness_ids import HarnessIds
+from polar.schemas.trajectory import (
+    CompactionEvidence,
+    CompactionLink,
+    CompactionStep,
+    LineageDisagreement,
+    TraceKind,
+)
+from polar.trajectory.compaction import carried_summary, continuation, summary_request
+from polar.trajectory.messages import content_text, messages
 
 NATURAL_STOPS = ("stop", "tool_calls")
-
-# Phrases harnesses put at the head of a compacted conversation (lower case).
-# Phrases harnesses put in the conversation that replaces a compacted one (lower case); not
-# those of the request asking for the summary, which merely extends the old conversation.
-COMPACTION_MARKERS = (
-    "continued from a previous conversation",  # Claude Code: the continued session's first turn
-    "produced a summary of its thinking",  # Codex: the summary message closing the new history
-)
 CLAUDE_CODE_SUBAGENT = "You are an agent for Claude Code"
 
 
@@ -51,6 +64,7 @@ class Relation(StrEnum):
     REWRITES = "rewrites"
     RETRY = "retry"
     BRANCH = "branch"
+    SUMMARY = "summary"  # the same agent asked to summarise its history, which it does not extend
     NEW_AGENT = "new_agent"
 
 
@@ -62,6 +76,9 @@ class CallLink:
     relation: Relation
     role: TraceKind
     reason: str
+    harness: HarnessIds | None = None  # the call's agent by its CLI's own ids
+    disagreement: LineageDisagreement | None = None  # ids and prefixes placed it apart
+    compaction: CompactionLink | None = None  # its part in a compaction, if it has one
 
     @property
     def kind(self) -> TraceKind:
@@ -91,6 +108,7 @@ def learn_eot(calls: Sequence[CaptureRecord]) -> int | None:
 def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree:
     """Link every call (time order) to its parent; see the module docstring for the rules."""
     prompts = [np.asarray(c.prompt_ids, dtype=np.int64) for c in calls]
+    windows = _next_windows(calls)
     index = _PrefixIndex()
     parents = []
     for i in range(len(calls)):
@@ -110,10 +128,15 @@ def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree
             links[call.completion_id] = CallLink(None, Relation.FIRST, TraceKind.MAIN, "first_call")
             roots.append(i)
             continue
-        if p is None or not len(q):
+        asks = summary_request(call) if len(q) else []
+        if (p is None or not len(q)) and not asks:
             kind, reason = _new_agent_role(call)
             reason = reason if len(q) else "prompt_ids_missing"
             links[call.completion_id] = CallLink(None, Relation.NEW_AGENT, kind, reason)
+            roots.append(i)
+            continue
+        if p is None:
+            links[call.completion_id] = _summary_link(i, calls, None, asks)
             roots.append(i)
             continue
         parent = calls[p]
@@ -133,9 +156,11 @@ def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree
         elif shared == len(prompts[p]):
             link = CallLink(parent.completion_id, Relation.CONTINUES, role, "extends_prompt")
             roots.append(roots[p])
-        elif _compacts(call, parent):
-            kind, reason = TraceKind.COMPACTION, "summary_marker"
-            link = CallLink(parent.completion_id, Relation.NEW_AGENT, kind, reason)
+        elif asks:
+            link = _summary_link(i, calls, parent.completion_id, asks)
+            roots.append(i)
+        elif evidence := continuation(call, parent, i in windows):
+            link = _continuation_link(parent.completion_id, evidence)
             roots.append(i)
         elif shared >= _anchor(prompts[roots[p]], eot):
             link = CallLink(parent.completion_id, Relation.REWRITES, role, "history_rewritten")
@@ -145,7 +170,146 @@ def session_tree(calls: Sequence[CaptureRecord], eot: int | None) -> SessionTree
             link = CallLink(parent.completion_id, Relation.NEW_AGENT, kind, reason)
             roots.append(i)
         links[call.completion_id] = link
-    return SessionTree(links, frozenset(abandoned))
+    _tie_summaries(calls, links)
+    return SessionTree(_by_harness_ids(calls, links), frozenset(abandoned))
+
+
+def _next_windows(calls: Sequence[CaptureRecord]) -> set[int]:
+    """Indices of the calls that open their Codex thread's next context window (its
+    ``x-codex-window-id`` number above the thread's calls before it): a compaction's
+    compacted history starts there."""
+    seen: dict[str, int] = {}
+    out: set[int] = set()
+    for i, call in enumerate(calls):
+        ids = call.harness_ids
+        window = ids.window if ids is not None else None
+        if ids is None or window is None:
+            continue
+        before = seen.get(ids.agent)
+        if before is not None and window > before:
+            out.add(i)
+        seen[ids.agent] = window if before is None else max(window, before)
+    return out
+
+
+def _summary_link(
+    i: int, calls: Sequence[CaptureRecord], fallback: str | None, asks: list[CompactionEvidence]
+) -> CallLink:
+    """A summary request standing apart from its history: its parent is the latest call whose
+    messages that history extends (the prompt prefix cannot tell: the tools are gone)."""
+    parent = _summarised(i, calls) or fallback
+    step = CompactionLink(step=CompactionStep.SUMMARY, evidence=asks)
+    return CallLink(
+        parent, Relation.SUMMARY, TraceKind.COMPACTION, "summary_request", compaction=step
+    )
+
+
+def _continuation_link(parent: str, evidence: list[CompactionEvidence]) -> CallLink:
+    marked = any(e is not CompactionEvidence.CODEX_WINDOW for e in evidence)
+    step = CompactionLink(step=CompactionStep.CONTINUATION, evidence=evidence)
+    reason = "summary_marker" if marked else "codex_window"
+    return CallLink(parent, Relation.NEW_AGENT, TraceKind.COMPACTION, reason, compaction=step)
+
+
+def _summarised(i: int, calls: Sequence[CaptureRecord]) -> str | None:
+    """The latest earlier call with the most messages that call ``i``'s messages start with."""
+    history = messages(calls[i])
+    best: tuple[int, int] | None = None
+    for j in range(i):
+        earlier = messages(calls[j])
+        n = len(earlier)
+        if 0 < n < len(history) and history[:n] == earlier and (best is None or n >= best[0]):
+            best = (n, j)
+    return calls[best[1]].completion_id if best is not None else None
+
+
+def _tie_summaries(calls: Sequence[CaptureRecord], links: dict[str, CallLink]) -> None:
+    """Each compacted history's summary call: the latest earlier call whose reply it carries
+    (summary requests first, then calls of the same agent). Its parent call becomes the last
+    call of the compacted history; a call found only by its carried reply that stands apart
+    from its history becomes the summary request it was (Codex with its own compact_prompt)."""
+    order = {c.completion_id: i for i, c in enumerate(calls)}
+    for i, call in enumerate(calls):
+        link = links[call.completion_id]
+        if link.compaction is None or link.compaction.step is not CompactionStep.CONTINUATION:
+            continue
+        earlier = calls[:i]
+        asked = [c for c in earlier if _is_summary(links[c.completion_id], c)]
+        found = carried_summary(call, asked) or carried_summary(call, _same_agent(call, earlier))
+        if found is None:
+            continue
+        summary = links[found]
+        apart = summary.relation in (Relation.REWRITES, Relation.NEW_AGENT)
+        if apart and summary.compaction is None:
+            carried = [CompactionEvidence.SUMMARY_CARRIED]
+            summary = _summary_link(order[found], calls, summary.parent, carried)
+            links[found] = summary
+        compacted = summary.parent if summary.relation is Relation.SUMMARY else found
+        step = link.compaction.model_copy(update={"summary_call": found})
+        links[call.completion_id] = replace(link, parent=compacted or link.parent, compaction=step)
+
+
+def _is_summary(link: CallLink, call: CaptureRecord) -> bool:
+    return link.relation is Relation.SUMMARY or bool(summary_request(call))
+
+
+def _same_agent(call: CaptureRecord, earlier: Sequence[CaptureRecord]) -> list[CaptureRecord]:
+    """The earlier calls of ``call``'s agent by its CLI's ids (all of them without ids)."""
+    if call.harness_ids is None:
+        return list(earlier)
+    agent = call.harness_ids.agent
+    return [c for c in earlier if c.harness_ids is not None and c.harness_ids.agent == agent]
+
+
+HEADERS_DECIDED = "harness_headers"
+
+
+def _by_harness_ids(
+    calls: Sequence[CaptureRecord], links: dict[str, CallLink]
+) -> dict[str, CallLink]:
+    """The prefix links checked against, and where they differ overruled by, the agent ids
+    the CLI put on each call's headers (calls without ids keep their prefix link)."""
+    if not any(c.harness_ids for c in calls):
+        return links
+    agent_of: dict[str, str] = {}  # completion id -> its agent by the ids
+    latest: dict[str, str] = {}  # agent -> its latest call so far
+    out: dict[str, CallLink] = {}
+    for call in calls:
+        cid, link, ids = call.completion_id, links[call.completion_id], call.harness_ids
+        if ids is None:
+            out[cid] = link
+            continue
+        prefix_agent = agent_of.get(link.parent) if link.parent is not None else None
+        if ids.agent in latest:  # the agent goes on
+            own = latest[ids.agent]
+            new_agent = (
+                link.relation is Relation.NEW_AGENT and link.role is not TraceKind.COMPACTION
+            )
+            agrees = link.parent is not None and prefix_agent in (ids.agent, None) and not new_agent
+            decided = CallLink(own, Relation.REWRITES, out[own].role, HEADERS_DECIDED)
+        elif ids.parent is None:  # a root agent
+            agrees = link.relation in (Relation.FIRST, Relation.NEW_AGENT)
+            decided = CallLink(None, Relation.NEW_AGENT, TraceKind.MAIN, HEADERS_DECIDED)
+        else:  # a sub-agent's first call: its parent call is its spawner's latest
+            spawner = latest.get(ids.parent, link.parent)
+            agrees = link.relation is Relation.NEW_AGENT and prefix_agent in (ids.parent, None)
+            decided = CallLink(spawner, Relation.NEW_AGENT, TraceKind.SUBAGENT, HEADERS_DECIDED)
+            if agrees:
+                link = replace(link, parent=spawner, role=TraceKind.SUBAGENT)
+        if agrees:
+            out[cid] = replace(link, harness=ids)
+        else:
+            disagreement = LineageDisagreement(
+                completion_id=cid,
+                by_headers=decided.relation.value,
+                headers_parent_call=decided.parent,
+                by_prefix=link.relation.value,
+                prefix_parent_call=link.parent,
+            )
+            out[cid] = replace(decided, harness=ids, disagreement=disagreement)
+        agent_of[cid] = ids.agent
+        latest[ids.agent] = cid
+    return out
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -242,19 +406,6 @@ def _anchor(prompt: np.ndarray, eot: int | None) -> int:
     return int(ends[-1]) + 1 if len(ends) else len(prompt)
 
 
-def _compacts(call: CaptureRecord, parent: CaptureRecord) -> bool:
-    """Whether ``call``'s conversation carries a compaction summary its parent's does not.
-
-    Codex keeps the first messages and appends the summary, so a compacted conversation may
-    share far more than the system prompt with the one it replaces."""
-    return _has_marker(call) and not _has_marker(parent)
-
-
-def _has_marker(call: CaptureRecord) -> bool:
-    texts = _texts(call, first_user_only=False).lower()
-    return any(marker in texts for marker in COMPACTION_MARKERS)
-
-
 def _new_agent_role(call: CaptureRecord) -> tuple[TraceKind, str]:
     text = _texts(call).lower()
     if CLAUDE_CODE_SUBAGENT.lower() in text:
@@ -267,7 +418,7 @@ def _texts(call: CaptureRecord, *, first_user_only: bool = True) -> str:
     first user message, or all of them."""
     out: list[str] = []
     users = 0
-    for message in call.upstream_request.get("messages") or []:
+    for message in messages(call):
         role = message.get("role")
         if role == "user":
             users += 1
@@ -275,12 +426,3 @@ def _texts(call: CaptureRecord, *, first_user_only: bool = True) -> str:
             continue
         out.append(content_text(message.get("content")))
     return "\n".join(out)
-
-
-def content_text(content: Any) -> str:
-    """The text of a chat message's content: a string, or its text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""

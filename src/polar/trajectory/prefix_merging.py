@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from polar.capture.records import CaptureRecord
+from polar.schemas.trajectory import TrajectoryStats
 from polar.trajectory.base import (
     BREAK_CONTEXT_DRIFT,
     BREAK_PREFIX,
@@ -48,7 +49,7 @@ class PrefixMergingBuilder(Builder):
         self.repair: TemplateRepair | None = None
         if self.config.template_repair:
             if tokenizer is None:
-                from polar.engines.model_files import load_tokenizer
+                from polar.rendering.model_files import load_tokenizer
 
                 tokenizer = load_tokenizer(self.config.tokenizer)
             tokens = RepairTokens.from_tokenizer(tokenizer)
@@ -63,11 +64,11 @@ class PrefixMergingBuilder(Builder):
             merger.add(order, record)
         return Grouping(
             merger.segments(),
-            {
-                "eot_token_id": eot,
-                "eot_source": source if eot is not None else None,
-                "template_repair": list(self.config.template_repair),
-            },
+            TrajectoryStats(
+                eot_token_id=eot,
+                eot_source=source if eot is not None else None,
+                template_repair=list(self.config.template_repair),
+            ),
         )
 
 

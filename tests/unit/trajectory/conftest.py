@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from polar.engines.model_files import load_tokenizer, tokenizer_cache_path
+from polar.rendering.model_files import load_tokenizer, tokenizer_cache_path
 
 from .sessions import QWEN3_TEMPLATE
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from polar.engines import routed_experts
+from polar.capture import routed_experts
 from polar.schemas.trajectory import Trace, Trajectory
 
 # Trajectory-level facts copied into every row (under "session" in the format's free-form slot)

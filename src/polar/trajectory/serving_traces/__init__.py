@@ -1,0 +1,1 @@
+"""A capture store as serving traces (``polar capture export``): one module per format."""
