@@ -8,7 +8,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from polar.engines import routed_experts
+from polar.capture import routed_experts
 from polar.engines.base import Engine
 from polar.engines.capture import capture_from_response
 from polar.engines.http import AiohttpEngineHTTP, EngineHTTP, HttpxEngineHTTP, RawReply
@@ -163,6 +163,10 @@ class OpenAICompatEngine(Engine):
         }
         if request.tools:
             body["tools"] = request.tools
+        # The reasoning switch changes the prompt (Qwen3's closed thought): counted as sent.
+        switch = request.engine_reasoning_fields().get("chat_template_kwargs")
+        if switch is not None:
+            body["chat_template_kwargs"] = switch
         reply = await self._post("/tokenize", body, request)
         count = reply.get("count")
         if count is None:

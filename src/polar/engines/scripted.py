@@ -19,11 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from polar.engines.model_files import load_tokenizer
 from polar.engines.scripted_backend import ScriptedBackend, has_image, logprob_for
 from polar.engines.scripted_script import ConversationScript, Script, ScriptedReply
 from polar.engines.vllm import VLLMEngine
 from polar.errors import EngineRefusal
+from polar.rendering.model_files import load_tokenizer
 
 __all__ = [
     "ConversationScript",

@@ -18,7 +18,6 @@ import time
 import uuid
 from typing import Any
 
-from polar.engines.model_files import SMOLLM2_MODEL_NAME, load_tokenizer
 from polar.engines.scripted_checks import (
     chat_schema,
     check_regex,
@@ -30,8 +29,10 @@ from polar.engines.scripted_checks import (
 from polar.engines.scripted_script import Script, ScriptedReply
 from polar.engines.types import usage_body
 from polar.errors import EngineRefusal
+from polar.rendering.model_files import load_tokenizer
 from polar.rendering.parsers.think import split_think
 from polar.rendering.tool_text import assistant_text, messages_for_plain_template
+from polar.schemas.model_files import SMOLLM2_MODEL_NAME
 
 
 def logprob_for(position: int, token_id: int) -> float:

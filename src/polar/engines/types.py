@@ -19,7 +19,7 @@ class TokenCapture:
     sampled_ids: list[int]
     logprobs: list[float] | None
     flags: list[str] = field(default_factory=list)
-    # MoE routing replay: base64 .npy (positions, layers, top_k), see engines/routed_experts.py.
+    # MoE routing replay: base64 .npy (positions, layers, top_k), see capture/routed_experts.py.
     routed_experts: str | None = None
 
 

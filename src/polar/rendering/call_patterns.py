@@ -120,3 +120,30 @@ def qwen3_coder_calls(functions: list[dict[str, Any]], parallel: bool) -> str:
 def with_thinking(pattern: str) -> str:
     """``pattern`` after an optional ``<think>...</think>`` block (Qwen3-style reasoning)."""
     return f"(<think>{OPEN_TEXT}</think>{WS})?{pattern}"
+
+
+THINK_END = "</think>"
+_THOUGHT_PREFIXES = (f"(<think>{OPEN_TEXT}</think>{WS})?", f"({OPEN_TEXT}</think>{WS})?")
+
+
+def after_reasoning(pattern: str) -> str:
+    """``pattern`` as a grammar that starts once the reasoning has ended (vLLM with a
+    ``--reasoning-parser`` applies structured outputs only after the model samples the end of
+    its reasoning, ``</think>``): the calls, after the whitespace the model may write first,
+    without the optional thought the full pattern begins with."""
+    for prefix in _THOUGHT_PREFIXES:
+        if pattern.startswith(prefix):
+            return WS + pattern.removeprefix(prefix)
+    return WS + pattern
+
+
+def reasoning_ended(prompt_ids: list[int], start_id: int | None, end_id: int | None) -> bool:
+    """Whether an engine's reasoning parser takes the reasoning as ended by the prompt alone
+    (vLLM: the last reasoning start or end token in the prompt is an end), in which case its
+    grammar applies from the first sampled token."""
+    for token in reversed(prompt_ids):
+        if token == end_id:
+            return True
+        if token == start_id:
+            return False
+    return False

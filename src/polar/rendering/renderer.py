@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 from array import array
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +41,15 @@ FRESH_REASONING_DROPPED = "reasoning_history_drop"
 
 
 @dataclass(frozen=True)
+class _Render:
+    """What every render of one plan shares: the session's start (the date a template prints)
+    and the request's template variables."""
+
+    started: datetime
+    variables: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class PromptPlan:
     """The prompt ids to send, and how they were made."""
 
@@ -52,6 +62,9 @@ class PromptPlan:
     # The splice carries a sampled turn's reasoning past a new user query, where the template
     # would have dropped it (reasoning_history: keep).
     keeps_dropped_reasoning: bool = False
+    # The request's own template variables it was rendered with (the reasoning switch and
+    # effort), on the record beside the messages so a render can be repeated exactly.
+    template_variables: dict[str, Any] = field(default_factory=dict)
 
 
 class Renderer:
@@ -99,8 +112,10 @@ class Renderer:
         *,
         continue_final: bool = False,
         started: datetime | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text; ``started``: the session's start, the date a template prints."""
+        """The prompt text; ``started``: the session's start, the date a template prints;
+        ``variables``: the request's template variables (its reasoning switch and effort)."""
         return self.family.render(
             self.tokenizer,
             messages,
@@ -108,7 +123,12 @@ class Renderer:
             chat_template=self.chat_template,
             continue_final=continue_final,
             started=started,
+            variables=variables,
         )
+
+    def reasoning_variables(self) -> tuple[str | None, str | None]:
+        """The reasoning switch and effort variables the chat template reads (None: none)."""
+        return self.family.reasoning_variables(self.chat_template)
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
@@ -136,28 +156,38 @@ class Renderer:
         pieces.append(self.decode(run))
         return "".join(pieces)
 
-    def plan(self, book: TurnBook, request: NormalizedRequest) -> PromptPlan:
-        """The prompt for ``request``: an exact extension of a sampled turn where possible."""
-        messages, tools, started = request.messages, request.tools, book.started
+    def plan(
+        self,
+        book: TurnBook,
+        request: NormalizedRequest,
+        variables: Mapping[str, Any] | None = None,
+    ) -> PromptPlan:
+        """The prompt for ``request``: an exact extension of a sampled turn where possible;
+        ``variables`` (the request's template variables) reach every render of it."""
+        messages, tools = request.messages, request.tools
+        at = _Render(book.started, variables or {})
         digest = context_digest(messages, tools)
         if request.continue_final:
             # A prefill is new text inside an open assistant turn: rendered whole, left open.
-            text = self.render(messages, tools, continue_final=True, started=started)
+            text = self.render(
+                messages, tools, continue_final=True, started=at.started, variables=at.variables
+            )
             return PromptPlan(self.encode(text), digest, fresh_reason=FRESH_PREFILL)
         last = _last_assistant(messages)
         if last is None:
-            return self._whole(messages, tools, digest, FRESH_NO_ASSISTANT_TURN, started)
-        turn = book.find(messages[last])
+            return self._whole(messages, tools, digest, FRESH_NO_ASSISTANT_TURN, at)
+        before = context_digest(messages[:last], tools)
+        turn = book.find(messages[last], before)
         if turn is None:
-            return self._whole(messages, tools, digest, FRESH_UNKNOWN_TURN, started)
-        if context_digest(messages[:last], tools) != turn.context_digest:
-            return self._whole(messages, tools, digest, FRESH_HISTORY_CHANGED, started)
+            return self._whole(messages, tools, digest, FRESH_UNKNOWN_TURN, at)
+        if before != turn.context_digest:
+            return self._whole(messages, tools, digest, FRESH_HISTORY_CHANGED, at)
         new_query = self.family.features.reasoning and _has_user_turn(messages[last + 1 :])
         if new_query and self.reasoning_history == "drop":
-            return self._whole(messages, tools, digest, FRESH_REASONING_DROPPED, started)
-        tail = self._after_turn(messages, last, tools, turn, started)
+            return self._whole(messages, tools, digest, FRESH_REASONING_DROPPED, at)
+        tail = self._after_turn(messages, last, tools, turn, at)
         if tail is None:
-            return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE, started)
+            return self._whole(messages, tools, digest, FRESH_TEMPLATE_GLUE, at)
         head = [*turn.prompt_ids, *turn.sampled_ids]
         return PromptPlan(
             head + self.encode(tail),
@@ -215,9 +245,9 @@ class Renderer:
         tools: list[dict[str, Any]],
         digest: bytes,
         reason: str,
-        started: datetime,
+        at: _Render,
     ) -> PromptPlan:
-        text = self.render(messages, tools, started=started)
+        text = self.render(messages, tools, started=at.started, variables=at.variables)
         return PromptPlan(self.encode(text), digest, fresh_reason=reason)
 
     def _after_turn(
@@ -226,7 +256,7 @@ class Renderer:
         index: int,
         tools: list[dict[str, Any]],
         turn: SampledTurn,
-        started: datetime,
+        at: _Render,
     ) -> str | None:
         """The template's text after the assistant turn at ``index``, minus what the sampled
         ids already hold (their turn-end token), or None if it cannot be told apart.
@@ -242,10 +272,10 @@ class Renderer:
         marked["content"] = _PLACEHOLDER
         history = [*messages[:index], marked, *messages[index + 1 :]]
         try:
-            text = self.render(history, tools, started=started)
+            text = self.render(history, tools, started=at.started, variables=at.variables)
         except InvalidRequest:
             return None  # the template refuses the history: rendered whole, its error shown
-        start = self._turn_start(text, messages[:index], tools, started)
+        start = self._turn_start(text, messages[:index], tools, at)
         if start is None:
             return None
         if turn.turn_end is None:
@@ -263,7 +293,7 @@ class Renderer:
         text: str,
         before: list[dict[str, Any]],
         tools: list[dict[str, Any]],
-        started: datetime,
+        at: _Render,
     ) -> int | None:
         """Where the placeholder turn's own text starts in ``text``: after the placeholder,
         or, for a template that drops a call turn's text (Llama 3.1), after the history
@@ -279,7 +309,8 @@ class Renderer:
                 tools or None,
                 chat_template=self.chat_template,
                 add_generation_prompt=False,
-                started=started,
+                started=at.started,
+                variables=at.variables,
             )
         except InvalidRequest:
             return None

@@ -88,9 +88,12 @@ class TurnBook:
         # long, so a session crossing midnight keeps one prompt prefix.
         self.started = started or datetime.now()
         self._turns: OrderedDict[str, SampledTurn] = OrderedDict()
-        self._by_call_id: dict[str, str] = {}
-        self._by_content: dict[str, str] = {}
-        self._by_signature: dict[str, str] = {}
+        # Each key -> the turns it names, oldest first: a model may repeat its call ids
+        # (Kimi's functions.NAME:IDX), its answers and its calls.
+        self._by_call_id: dict[str, list[str]] = {}
+        self._by_content: dict[str, list[str]] = {}
+        self._by_signature: dict[str, list[str]] = {}
+        self._call_ids: dict[str, list[str]] = {}  # each turn's call ids, as it was entered
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -99,43 +102,52 @@ class TurnBook:
         self, turn: SampledTurn, content: str, tool_call_ids: list[str], has_tool_calls: bool
     ) -> None:
         self._turns[turn.completion_id] = turn
+        self._call_ids[turn.completion_id] = list(tool_call_ids)
         for call_id in tool_call_ids:
-            self._by_call_id[call_id] = turn.completion_id
+            self._by_call_id.setdefault(call_id, []).append(turn.completion_id)
         if not has_tool_calls:
-            self._by_content[content_key(content)] = turn.completion_id
+            self._by_content.setdefault(content_key(content), []).append(turn.completion_id)
         while len(self._turns) > self.keep:
             self._forget(next(iter(self._turns)))
 
-    def find(self, message: dict[str, Any]) -> SampledTurn | None:
-        """The sampled turn an assistant message of a later request stands for, if known."""
+    def find(self, message: dict[str, Any], context: bytes | None = None) -> SampledTurn | None:
+        """The sampled turn an assistant message of a later request stands for, if known: of
+        several the message could stand for, the one that answered ``context`` (the digest
+        of the request's history before the message), else the latest."""
         for call in message.get("tool_calls") or []:
-            cid = (
-                self._by_call_id.get(str(call.get("id") or "")) if isinstance(call, dict) else None
-            )
-            if cid is not None and cid in self._turns:
-                self._turns.move_to_end(cid)
-                return self._turns[cid]
+            call_id = str(call.get("id") or "") if isinstance(call, dict) else ""
+            turn = self._pick(self._by_call_id.get(call_id), context)
+            if turn is not None:
+                return turn
         if message.get("tool_calls"):
             # Calls echoed without the ids the gateway gave them (Gemini callers answering by
             # name): the turn is recognised by its calls' names and arguments, in order.
-            cid = self._by_signature.get(calls_signature(message["tool_calls"]))
-            if cid is None or cid not in self._turns:
-                return None
-            self._turns.move_to_end(cid)
-            return self._turns[cid]
-        cid = self._by_content.get(content_key(message.get("content")))
-        if cid is not None and cid in self._turns:
-            self._turns.move_to_end(cid)
-            return self._turns[cid]
-        return None
+            signature = calls_signature(message["tool_calls"])
+            return self._pick(self._by_signature.get(signature), context)
+        return self._pick(self._by_content.get(content_key(message.get("content"))), context)
+
+    def call_ids(self, turn: SampledTurn) -> list[str]:
+        """The ids of ``turn``'s calls, in order, as they were entered (the model's own)."""
+        return list(self._call_ids.get(turn.completion_id, ()))
 
     def add_calls(self, completion_id: str, tool_calls: list[dict[str, Any]]) -> None:
         """Let a known turn also be found by its calls' names and arguments."""
         if completion_id in self._turns and tool_calls:
-            self._by_signature[calls_signature(tool_calls)] = completion_id
+            self._by_signature.setdefault(calls_signature(tool_calls), []).append(completion_id)
+
+    def _pick(self, completion_ids: list[str] | None, context: bytes | None) -> SampledTurn | None:
+        turns = [self._turns[c] for c in completion_ids or () if c in self._turns]
+        if not turns:
+            return None
+        turn = next((t for t in reversed(turns) if t.context_digest == context), turns[-1])
+        self._turns.move_to_end(turn.completion_id)
+        return turn
 
     def _forget(self, completion_id: str) -> None:
         self._turns.pop(completion_id, None)
-        self._by_call_id = {k: v for k, v in self._by_call_id.items() if v != completion_id}
-        self._by_content = {k: v for k, v in self._by_content.items() if v != completion_id}
-        self._by_signature = {k: v for k, v in self._by_signature.items() if v != completion_id}
+        self._call_ids.pop(completion_id, None)
+        for index in (self._by_call_id, self._by_content, self._by_signature):
+            for key in [k for k, v in index.items() if completion_id in v]:
+                index[key] = [c for c in index[key] if c != completion_id]
+                if not index[key]:
+                    del index[key]

@@ -21,6 +21,9 @@ FLAG_ROUTED_EXPERTS_MISALIGNED = "routed_experts_misaligned"
 # A call whose session had been served by another replica that is now down (engine pool).
 FLAG_REPLICA_MOVED = "engine_replica_moved"
 
+# The call came over a Responses WebSocket (a response.create frame), not an HTTP POST.
+FLAG_WEBSOCKET = "served_over_websocket"
+
 # The gateway's policy changed the request.
 FLAG_MAX_TOKENS_CLAMPED = "max_tokens_clamped"
 FLAG_MAX_TOKENS_DEFAULTED = "max_tokens_defaulted"

@@ -90,11 +90,19 @@ class NodeLost(BaseModel):
     failed_sessions: int = Field(description="Unfinished sessions failed now (kind infra).")
 
 
+class TaskCounts(BaseModel):
+    """How many tasks the rollout server holds, and how many of them still run."""
+
+    running: int
+    total: int
+
+
 class ServerStatus(BaseModel):
-    """``GET /status``: nodes, task and session counts, and what is in flight."""
+    """``GET /status`` (``RolloutService.status()``): nodes, task and session counts, and what
+    is in flight."""
 
     nodes: list[NodeView]
-    tasks: dict[str, int] = Field(description="running and total.")
+    tasks: TaskCounts
     sessions: dict[str, int] = Field(description="Sessions per status, all tasks.")
     dispatching: int
     callbacks_in_flight: int

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar.schemas.ids import NodeId, SessionId, TaskId
+from polar.schemas.token_delivery import TokenDelivery, settle
 from polar.schemas.trajectory import Trajectory
 
 
@@ -134,6 +135,14 @@ class TaskRequest(BaseModel):
     instruction: str
     num_samples: int = Field(1, ge=1)
     timeout_seconds: float = Field(600.0, gt=0)
+    timeout_counts_model_time: bool = Field(
+        True,
+        description="Whether the time the session's model calls spend with the gateway "
+        "(waiting for the engine or its model to load, generating) counts against "
+        "timeout_seconds. False: the budget bounds the harness's own time, so a slow or "
+        "shared engine makes sessions slower, never TIMEOUT; each call is bounded by its "
+        "max_tokens instead, and their number by agent.max_model_calls.",
+    )
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     agent: AgentSpec = Field(default_factory=AgentSpec)
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
@@ -284,6 +293,14 @@ class SessionResult(BaseModel):
             return False
         verdict = self.evaluation.verdict if self.evaluation is not None else None
         return verdict if verdict is not None else (self.reward or 0) > 0
+
+    @property
+    def delivery(self) -> TokenDelivery:
+        """This session's sampled tokens: delivered to trainable traces, or lost by reason (the
+        builder's count, settled by how the session ended; see schemas/token_delivery.py)."""
+        built = self.trajectory.stats.delivery if self.trajectory is not None else None
+        kind = self.failure.kind if self.failure is not None else None
+        return settle(built, self.status.value, kind)
 
 
 class TaskResult(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -392,3 +393,21 @@ def test_a_failing_request_fails_alone(core: EmbeddedEngineCore) -> None:
     with pytest.raises(RuntimeError, match="sampler exploded"):
         broken_future.result(timeout=30)
     assert len(steady_future.result(timeout=30).choices[0].token_ids) == 30
+
+
+def test_generating_raises_no_library_warning(core: EmbeddedEngineCore) -> None:
+    """The engine hands transformers its cache under the name the installed version wants:
+    the old ``past_key_values`` is a FutureWarning at every forward pass in transformers 5,
+    printed among the quickstart's progress lines."""
+    conversations = [HELLO, [{"role": "user", "content": "Another question, a longer one."}]]
+    params = GenerationParams(max_tokens=6, temperature=0, ignore_eos=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # prefill (a buffer cache) and a batched decode step (the batch cache), on the
+        # engine's own thread as in a run
+        jobs = [core.prepare(m, params=params) for m in conversations]
+        with core.weights_update(bump=False):
+            futures = [core.submit(job) for job in jobs]
+        for future in futures:
+            future.result(timeout=60)
+    assert [str(w.message) for w in caught] == []

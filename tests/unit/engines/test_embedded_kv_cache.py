@@ -1,8 +1,9 @@
-"""KV caches of the embedded engine: the buffer layer, and the bounded LRU prefix cache."""
+"""KV caches of the embedded engine: the batch of rows, and the bounded LRU prefix cache."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,12 +14,10 @@ from transformers import DynamicCache
 
 from polar.engines.embedded.kv_cache import (
     BatchCache,
-    BufferCache,
-    BufferLayer,
     PrefixCache,
+    cache_keyword,
     common_prefix_length,
-    load_prefix,
-    supports_buffer_cache,
+    supports_batch_cache,
 )
 from polar.engines.embedded.loader import LoadedModel, load_model
 
@@ -37,40 +36,47 @@ def kv(length: int, fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cache_with(tokens: list[int], layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Keys/values of ``tokens`` as a prefill cache holds them (views, per layer)."""
-    cache = BufferCache(layers, capacity=4)
-    for layer in cache.buffers:
-        layer.update(*kv(len(tokens)))
-    return cache.prefix(len(tokens))
+    """Keys/values of ``tokens`` as a batch row holds them (views, per layer)."""
+    batch = BatchCache(layers, heads=2, head_dim=4, dtype=torch.float32)
+    row = batch.reserve(1, len(tokens) + 4)
+    batch.load(row, [kv(len(tokens))] * layers, len(tokens))
+    return batch.prefix(row, len(tokens))
 
 
-def test_buffer_layer_grows_and_keeps_every_position() -> None:
-    layer = BufferLayer(capacity=3)
-    keys, values = layer.update(*kv(2))
-    assert keys.shape[-2] == 2
-    for step in range(2, 600):
-        keys, values = layer.update(*(t[:, :, -1:] for t in kv(step + 1)))
-    assert layer.get_seq_length() == 600 and layer.capacity >= 600
-    expected_keys, expected_values = kv(600)
-    torch.testing.assert_close(keys, expected_keys)
-    torch.testing.assert_close(values, expected_values)
-    layer.crop(-100)
-    assert layer.get_seq_length() == 500 and layer.keys is not None
-    assert layer.keys.shape[-2] == 500
+def tiny_batch(tiny: LoadedModel) -> BatchCache:
+    config = tiny.module.config
+    return BatchCache(2, config.num_key_value_heads, config.head_dim, torch.float32)
 
 
-def test_buffer_cache_gives_the_same_logits_as_transformers_dynamic_cache(
+def prefill(tiny: LoadedModel, batch: BatchCache, row: int, ids: list[int]) -> torch.Tensor:
+    """Run ``ids`` into ``row`` (after what it holds); the last position's logits."""
+    cache = batch.row_cache(row)
+    logits = tiny.module(
+        input_ids=torch.tensor([ids]), use_cache=True, **{cache_keyword(tiny.module): cache}
+    ).logits[0, -1]
+    batch.extend(row, len(ids))
+    return logits
+
+
+def test_a_row_prefilled_in_chunks_gives_the_logits_of_transformers_dynamic_cache(
     tiny: LoadedModel,
 ) -> None:
-    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365]])
+    ids = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365]
+    batch = tiny_batch(tiny)
+    batch.reserve(1, 3)  # a neighbour, so the row is not the first
+    row = batch.reserve(1, len(ids))
     with torch.inference_mode():
-        dynamic, buffered = DynamicCache(), BufferCache(2, capacity=4)
-        for cache in (dynamic, buffered):
-            tiny.module(input_ids=ids[:, :6], past_key_values=cache, use_cache=True)
+        dynamic = DynamicCache()
+        tiny.module(input_ids=torch.tensor([ids[:6]]), **{cache_keyword(tiny.module): dynamic})
+        prefill(tiny, batch, row, ids[:6])
         for i in range(6, 10):
-            a = tiny.module(input_ids=ids[:, i : i + 1], past_key_values=dynamic).logits
-            b = tiny.module(input_ids=ids[:, i : i + 1], past_key_values=buffered).logits
+            a = tiny.module(
+                input_ids=torch.tensor([ids[i : i + 1]]), **{cache_keyword(tiny.module): dynamic}
+            ).logits[0, -1]
+            b = prefill(tiny, batch, row, ids[i : i + 1])
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert batch.lengths.tolist() == [0, 10]
+    assert not batch.batch_layers[0].key_buf[0].any()  # the neighbour row is untouched
 
 
 def test_batched_rows_of_different_lengths_match_single_sequence_logits(
@@ -78,20 +84,22 @@ def test_batched_rows_of_different_lengths_match_single_sequence_logits(
 ) -> None:
     prompts = [[1, 9690, 198, 2683, 359, 253, 5356], [1, 4093, 198], [1, 520, 9531, 198, 44, 45]]
     following = [[5646, 11173, 3365], [19556, 665, 2], [46, 47, 48]]
-    config = tiny.module.config
-    batch = BatchCache(2, config.num_key_value_heads, config.head_dim, torch.float32)
+    batch = tiny_batch(tiny)
     with torch.inference_mode():
-        for prompt in prompts:  # each prefilled alone, then joins the batch
-            single = BufferCache(2, capacity=len(prompt))
-            tiny.module(input_ids=torch.tensor([prompt]), past_key_values=single)
-            batch.add(single.prefix(len(prompt)), copies=1, room=1)
-        assert batch.lengths.tolist() == [7, 3, 6]
+        rows = [batch.reserve(1, len(prompt) + 1) for prompt in prompts]
+        for row, prompt in zip(rows, prompts, strict=True):  # each prefilled into its row
+            prefill(tiny, batch, row, prompt)
+            batch.arrange(list(range(batch.rows)), decoding=row + 1)
+        assert batch.lengths.tolist() == [7, 3, 6] and batch.decoding == 3
         for step in range(3):
             batch.ensure_room(1)
             positions, mask = batch.step_inputs()
             ids = torch.tensor([[f[step]] for f in following])
             logits = tiny.module(
-                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=batch
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                **{cache_keyword(tiny.module): batch},
             ).logits[:, -1]
             batch.advance()
             for row, (prompt, more) in enumerate(zip(prompts, following, strict=True)):
@@ -99,24 +107,69 @@ def test_batched_rows_of_different_lengths_match_single_sequence_logits(
                 expected = tiny.module(input_ids=full).logits[0, -1]
                 torch.testing.assert_close(logits[row], expected, rtol=0, atol=1e-5)
         assert batch.capacity >= 10
-        batch.keep([2, 0])  # row 1 finished; the others move up, in that order
+        batch.arrange([2, 0], decoding=2)  # row 1 finished; the others move up, in that order
         assert batch.lengths.tolist() == [9, 10]
         first = batch.prefix(1, 10)[0][0]
-        expected_keys = BufferCache(2, capacity=10)
+        expected_batch = tiny_batch(tiny)
+        prefill(tiny, expected_batch, expected_batch.reserve(1, 10), prompts[0] + following[0])
+        torch.testing.assert_close(first, expected_batch.prefix(0, 10)[0][0], rtol=0, atol=1e-5)
+
+
+def test_a_decode_step_leaves_rows_still_reading_alone(tiny: LoadedModel) -> None:
+    batch = tiny_batch(tiny)
+    with torch.inference_mode():
+        decoding, reading = batch.reserve(1, 8), batch.reserve(1, 8)
+        prefill(tiny, batch, decoding, [1, 9690, 198])
+        prefill(tiny, batch, reading, [1, 4093])
+        batch.arrange([0, 1], decoding=1)
+        before = batch.prefix(reading, 8)[0][0].clone()
+        positions, mask = batch.step_inputs()
         tiny.module(
-            input_ids=torch.tensor([prompts[0] + following[0]]), past_key_values=expected_keys
+            input_ids=torch.tensor([[44]]),
+            position_ids=positions,
+            attention_mask=mask,
+            **{cache_keyword(tiny.module): batch},
         )
-        torch.testing.assert_close(first, expected_keys.prefix(10)[0][0], rtol=0, atol=1e-5)
+        batch.advance()
+    assert batch.lengths.tolist() == [4, 2]
+    assert torch.equal(batch.prefix(reading, 8)[0][0], before)
+
+
+def test_a_request_with_several_choices_fans_its_prompt_out() -> None:
+    batch = BatchCache(1, heads=2, head_dim=4, dtype=torch.float32)
+    first = batch.reserve(3, 6)
+    batch.load(first, [kv(4)], 4)
+    batch.fan_out(first, 3)
+    assert batch.lengths.tolist() == [4, 4, 4]
+    for row in range(3):
+        torch.testing.assert_close(batch.prefix(row, 4)[0][0], kv(4)[0])
+
+
+def test_rows_grow_one_layer_at_a_time_and_shrink_when_rows_leave() -> None:
+    batch = BatchCache(2, heads=2, head_dim=4, dtype=torch.float32)
+    batch.reserve(1, 10)
+    assert batch.capacity == 10  # a reservation takes exactly what it needs
+    batch.load(0, [kv(10)] * 2, 10)
+    batch.arrange([0], decoding=1)
+    batch.ensure_room(1)
+    assert batch.capacity == 10 + 256  # decode grows by at least MIN_GROWTH
+    batch.reserve(2, 700)
+    assert batch.capacity == 700
+    batch.arrange([0], decoding=1)  # the long ones left
+    assert batch.capacity == 10 + 256 and batch.batch_layers[1].key_buf.shape[:3] == (1, 2, 266)
+    torch.testing.assert_close(batch.prefix(0, 10)[1][0], kv(10)[0])
 
 
 def test_batch_buffers_hold_no_nan_beyond_row_lengths() -> None:
     batch = BatchCache(1, heads=2, head_dim=4, dtype=torch.float32)
-    batch.add([kv(3)], copies=2, room=2)
-    batch.add([kv(1)], copies=1, room=600)
+    batch.reserve(2, 5)
+    batch.load(0, [kv(3)], 3)
+    batch.reserve(1, 601)
+    batch.load(2, [kv(1)], 1)
     layer = batch.batch_layers[0]
     assert torch.isfinite(layer.key_buf).all() and torch.isfinite(layer.value_buf).all()
     assert layer.key_buf.shape[:3] == (3, 2, batch.capacity) and batch.capacity >= 601
-    torch.testing.assert_close(layer.key_buf[1, :, :3], kv(3)[0][0])
+    torch.testing.assert_close(layer.key_buf[0, :, :3], kv(3)[0][0])
 
 
 def test_lookup_finds_longest_common_prefix_within_limit() -> None:
@@ -189,22 +242,42 @@ def test_reusing_an_entry_copies_it_so_the_entry_never_changes() -> None:
     match = cache.lookup([1, 2, 3, 9], 0, limit=3)
     assert match is not None
     before = [(k.clone(), v.clone()) for k, v in match.entry.layers]
-    work = BufferCache(2, capacity=8)
-    load_prefix(work, match)
-    assert work.get_seq_length() == 3
-    for layer in work.buffers:
-        layer.update(*(t[:, :, :1] + 100 for t in kv(1)))
+    work = BatchCache(2, heads=2, head_dim=4, dtype=torch.float32)
+    row = work.reserve(1, 8)
+    work.load(row, match.entry.layers, match.length)
+    assert work.lengths.tolist() == [3]
+    for layer in work.batch_layers:
+        layer.key_buf[row, :, 3] = 100.0
     for (k, v), (k0, v0) in zip(match.entry.layers, before, strict=True):
         assert torch.equal(k, k0) and torch.equal(v, v0)
-    assert work.buffers[0].keys is not None
-    assert float(work.buffers[0].keys[0, 0, 3, 0]) == 100.0
+    assert float(work.batch_layers[0].key_buf[0, 0, 3, 0]) == 100.0
 
 
-def test_only_full_attention_models_use_buffers(tiny: LoadedModel) -> None:
+def test_a_replaced_entry_is_dropped_before_its_successor_is_copied() -> None:
+    """The cache never holds a prompt twice, nor more than its bytes, even while storing."""
+    cache = PrefixCache(max_entries=4, max_bytes=3 * 2 * 2 * 2 * 4 * 4)  # 3 tokens, 2 layers
+    cache.store([1, 2], cache_with([1, 2]), 0)
+    held: list[int] = []
+    original = torch.Tensor.clone
+
+    def clone(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        held.append(cache.nbytes)
+        return original(tensor, *args, **kwargs)
+
+    torch.Tensor.clone = clone  # type: ignore[method-assign,assignment]
+    try:
+        cache.store([1, 2, 3], cache_with([1, 2, 3]), 0)
+    finally:
+        torch.Tensor.clone = original  # type: ignore[method-assign]
+    assert held and max(held) == 0  # the two-token entry was gone before any copy
+    assert len(cache) == 1 and cache.nbytes == 3 * 2 * 2 * 2 * 4 * 4
+
+
+def test_only_full_attention_models_use_the_batch_cache(tiny: LoadedModel) -> None:
     config = tiny.module.config
-    assert supports_buffer_cache(config)
+    assert supports_batch_cache(config)
     sliding = type(config).from_dict({**config.to_dict(), "layer_types": ["sliding_attention"] * 2})
-    assert not supports_buffer_cache(sliding)
+    assert not supports_batch_cache(sliding)
 
 
 @given(st.lists(st.integers(0, 3), max_size=30), st.lists(st.integers(0, 3), max_size=30))

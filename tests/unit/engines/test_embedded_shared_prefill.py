@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from polar.engines.embedded.core import EmbeddedEngineCore, GenerationResult
-from polar.engines.embedded.kv_cache import BufferCache
 from polar.engines.embedded.loader import LoadedModel, load_model
 from polar.engines.embedded.sampling import GenerationParams
 
@@ -169,18 +168,25 @@ def test_a_prefill_of_an_older_policy_version_is_never_copied(tiny: LoadedModel)
     core = EmbeddedEngineCore(tiny, prefill_chunk=16)
     try:
         old = core.prepare(GROUP[0], params=GREEDY)
-        old.cache = BufferCache(core._num_layers, len(old.prompt.ids))
-        core._forward(torch.tensor([old.prompt.ids[:64]]), old.cache)
-        old.position, old.version = 64, core.policy_version
+        old.begun, old.version = True, core.policy_version
+        assert core._start(old, [old]) == 0
+        assert old.first_row is not None
+        with torch.inference_mode():
+            core._forward(torch.tensor([old.prompt.ids[:64]]), core._batch.row_cache(old.first_row))
+        core._batch.extend(old.first_row, 64)
+        old.position = 64
         core.bump_policy_version()
         new = core.prepare(GROUP[1], params=GREEDY)
         assert not core._waits(new, [old, new])
         new.version = core.policy_version
-        _, reused = core._start_cache(new, [old, new])
-        assert reused == 0
+        assert core._start(new, [old, new]) == 0
         old.version = core.policy_version  # the same job under the current version is a donor
-        assert core._waits(new, [old, new])
-        _, reused = core._start_cache(new, [old, new])
-        assert reused == 64
+        again = core.prepare(GROUP[1], params=GREEDY)
+        assert core._waits(again, [old, again])
+        again.version = core.policy_version
+        assert core._start(again, [old, again]) == 64
+        assert again.first_row is not None
+        donor, copy = core._batch.prefix(old.first_row, 64), core._batch.prefix(again.first_row, 64)
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(donor, copy, strict=True))
     finally:
         core.close()

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from artifacts import llama_cpp_template, qwen_tokenizer  # tests/artifacts.py
-from polar.engines.model_files import load_tokenizer
 from polar.providers.types import NormalizedRequest, SamplingParams
 from polar.rendering.families.registry import get_family
+from polar.rendering.model_files import load_tokenizer
 from polar.rendering.renderer import FRESH_REASONING_DROPPED, FRESH_TEMPLATE_GLUE, Renderer
 from polar.rendering.turns import TurnBook
 

@@ -202,7 +202,7 @@ def test_schemas_the_format_cannot_express_are_refused_like_the_reference(name: 
 def kimi_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from polar.engines.model_files import load_tokenizer, tokenizer_cache_path
+    from polar.rendering.model_files import load_tokenizer, tokenizer_cache_path
 
     load_tokenizer()
     tok = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar.engines.model_files import load_tokenizer
 from polar.providers.types import NormalizedRequest, SamplingParams
 from polar.rendering.chat_template import render_prompt
 from polar.rendering.families.registry import get_family
+from polar.rendering.model_files import load_tokenizer
 from polar.rendering.renderer import (
     FRESH_HISTORY_CHANGED,
     FRESH_NO_ASSISTANT_TURN,
@@ -211,7 +211,7 @@ def test_a_template_that_drops_past_reasoning_still_gives_one_exact_trace() -> N
 
     from transformers import AutoTokenizer
 
-    from polar.engines.model_files import tokenizer_cache_path
+    from polar.rendering.model_files import tokenizer_cache_path
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)
     tok.add_tokens(["<think>", "</think>"])  # added, not special: decoding keeps them, as Qwen3

@@ -23,7 +23,7 @@ BEFORE_MIDNIGHT = datetime(2026, 3, 14, 23, 59, 30)
 def renderer() -> Renderer:
     from transformers import AutoTokenizer
 
-    from polar.engines.model_files import load_tokenizer, tokenizer_cache_path
+    from polar.rendering.model_files import load_tokenizer, tokenizer_cache_path
 
     load_tokenizer()
     tok = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)

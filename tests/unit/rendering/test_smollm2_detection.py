@@ -1,4 +1,5 @@
-"""SmolLM2 is recognised by its template and its own added tokens, never by vocabulary size."""
+"""SmolLM2 is recognised by its own added tokens under a ChatML template, never by vocabulary
+size nor by a name in the template (SmolLM3's names SmolLM too)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from artifacts import llama_cpp_template, qwen_tokenizer  # tests/artifacts.py
 from polar.rendering.families.registry import detect_family
 
 # Plain ChatML: the markup many models share, naming no model.
@@ -32,7 +34,7 @@ def _other_49152_vocabulary() -> Any:
 
 @pytest.fixture(scope="module")
 def smollm2() -> Any:
-    from polar.engines.model_files import load_tokenizer
+    from polar.rendering.model_files import load_tokenizer
 
     return load_tokenizer()
 
@@ -43,9 +45,19 @@ def test_another_vocabulary_of_the_same_size_is_not_taken_for_smollm2() -> None:
     assert detect_family(tok) is None
 
 
-def test_smollm2_is_recognised_by_its_template(smollm2: Any) -> None:
+def test_smollm2_is_recognised_by_its_own_tokenizer(smollm2: Any) -> None:
     family = detect_family(smollm2)
     assert family is not None and family.name == "smollm2"
+
+
+def test_a_template_naming_smollm_over_another_vocabulary_is_not_smollm2() -> None:
+    """SmolLM3's published template (ChatML, its own tool format, "SmolLM3" in its text) over
+    a real vocabulary with ChatML tokens that is not SmolLM2's: Polar's bundled SmolLM2
+    template must not replace it."""
+    template = llama_cpp_template("HuggingFaceTB-SmolLM3-3B.jinja")
+    assert "SmolLM" in template and "<|im_start|>" in template
+    family = detect_family(qwen_tokenizer(template))
+    assert family is None or family.name != "smollm2"
 
 
 def test_smollm2_under_a_plain_chatml_template_is_recognised_by_its_own_tokens(
@@ -53,7 +65,7 @@ def test_smollm2_under_a_plain_chatml_template_is_recognised_by_its_own_tokens(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from polar.engines.model_files import tokenizer_cache_path
+    from polar.rendering.model_files import tokenizer_cache_path
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_cache_path()), local_files_only=True)
     tok.chat_template = CHATML

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from polar.engines.model_files import load_tokenizer, tokenizer_cache_path
 from polar.errors import InvalidRequest
 from polar.extras import EXTRA_MODULES, MissingExtra
 from polar.providers.types import NormalizedRequest, SamplingParams
 from polar.rendering.families.registry import detect_family, get_family
+from polar.rendering.model_files import load_tokenizer, tokenizer_cache_path
 from polar.rendering.renderer import FRESH_REASONING_DROPPED, PromptPlan, Renderer
 from polar.rendering.turns import TurnBook
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from artifacts import llama_cpp_template  # tests/artifacts.py
-from polar.engines.model_files import load_tokenizer
 from polar.rendering.chat_template import render_text
+from polar.rendering.model_files import load_tokenizer
 from polar.rendering.vllm_chat import content_format, conversation
 
 

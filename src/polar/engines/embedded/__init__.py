@@ -10,9 +10,9 @@ not import torch, or every ``polar`` command (the gateway's too) would pay for i
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from polar import load_lazily
 from polar.extras import require
 
 if TYPE_CHECKING:
@@ -23,13 +23,13 @@ if TYPE_CHECKING:
     from polar.engines.embedded.server import create_app
 
 _HOMES = {
-    "ChoiceResult": "results",
-    "EmbeddedEngineCore": "core",
-    "GenerationResult": "results",
-    "LoadedModel": "loader",
-    "load_model": "loader",
-    "GenerationParams": "sampling",
-    "create_app": "server",
+    "ChoiceResult": "polar.engines.embedded.results",
+    "EmbeddedEngineCore": "polar.engines.embedded.core",
+    "GenerationResult": "polar.engines.embedded.results",
+    "LoadedModel": "polar.engines.embedded.loader",
+    "load_model": "polar.engines.embedded.loader",
+    "GenerationParams": "polar.engines.embedded.sampling",
+    "create_app": "polar.engines.embedded.server",
 }
 
 __all__ = [
@@ -44,10 +44,6 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    require("embedded", "the embedded engine")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+    if name in _HOMES:
+        require("embedded", "the embedded engine")
+    return load_lazily(globals(), _HOMES, name)

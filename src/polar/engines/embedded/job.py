@@ -46,14 +46,15 @@ class Job:
     version: int = 0
     started: float = 0.0
     prefilled: float = 0.0
-    cache: Any = None  # its own cache while prefilling (and decoding, when not batched)
+    cache: Any = None  # its own cache, for a model the decode batch cannot hold
+    begun: bool = False  # reading its prompt (or past it)
     position: int = 0  # prompt tokens run so far
     reused: int = 0
     _tokens: np.ndarray | None = None
     rows: list[Row] = field(default_factory=list)
     sampled: int = 0  # decode steps taken (tokens sampled per row)
     last_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    first_row: int | None = None  # where its rows sit in the decode batch
+    first_row: int | None = None  # where its rows sit in the batch (from its prefill on)
     decoding: bool = False
     done: bool = False
     failed: bool = False
@@ -75,8 +76,8 @@ class Job:
 
     @property
     def prefilling(self) -> bool:
-        """Started reading its prompt and not finished: its cache holds ``position`` tokens."""
-        return self.cache is not None and not self.decoding and not self.done
+        """Started reading its prompt and not finished: its row holds ``position`` tokens."""
+        return self.begun and not self.decoding and not self.done
 
     def shared_with(self, other: Job) -> int:
         """Leading prompt tokens the two requests have in common."""

@@ -30,14 +30,14 @@ from polar.engines.embedded.options import (
     TINY_MODEL_NAME,
     served_model_name,
 )
-from polar.engines.model_files import (
+from polar.errors import ConfigError
+from polar.rendering.model_files import (
     SMOLLM2_GGUF_SHA256,
-    cache_dir,
     load_tokenizer,
     smollm2_gguf_path,
     verify_smollm2,
 )
-from polar.errors import ConfigError
+from polar.schemas.model_files import cache_dir
 
 TINY_SEED = 0
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16), strict=True))

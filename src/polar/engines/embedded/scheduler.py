@@ -9,6 +9,10 @@ one), so concurrent sessions share the model and a long generation does not star
 A full queue refuses new work with :class:`RateLimited` and a Retry-After estimate instead of
 growing without bound.
 
+A request's prompt is read straight into its rows of the decode batch, which then join the
+decoding rows where they are: its keys and values are held once, besides (at most) its entry in
+the bounded prefix cache, not also in a prefill cache of their own.
+
 Concurrent prompts that begin alike (a GRPO group, a batch of sessions of one harness) share
 their prefill: every prompt's keys and values go into the prefix cache as soon as it is read,
 a new request starts from the longest prefix that the cache or another request's ongoing
@@ -35,11 +39,9 @@ import torch
 from polar.engines.embedded.job import Job, Row, settle
 from polar.engines.embedded.kv_cache import (
     BatchCache,
-    BufferCache,
     PrefixCache,
-    copy_prefix,
-    load_prefix,
-    supports_buffer_cache,
+    cache_keyword,
+    supports_batch_cache,
 )
 from polar.engines.embedded.loader import LoadedModel
 from polar.engines.embedded.results import GenerationResult, ResultWriter
@@ -72,9 +74,10 @@ class Scheduler:
         self.max_active = max(1, max_active)
         self.prefill_chunk = max(1, prefill_chunk)
         config = loaded.module.config
-        self._buffered = supports_buffer_cache(config)
+        self._buffered = supports_batch_cache(config)
         self.prefix_cache = PrefixCache(kv_cache_entries if self._buffered else 0, kv_cache_bytes)
         self._num_layers = int(config.get_text_config().num_hidden_layers)
+        self._cache_keyword = cache_keyword(loaded.module)
         self._policy_version = 0
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
@@ -84,7 +87,9 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._mean_job_seconds = 1.0
         self._batch = self._new_batch()
-        self._batch_jobs: list[Job] = []
+        # The jobs whose rows the batch holds, in row order: decoding ones, then reading ones.
+        self._decode_jobs: list[Job] = []
+        self._reading_jobs: list[Job] = []
         self._decode_steps = 0
         self._decoded_rows = 0
         self._prefill = {
@@ -239,7 +244,7 @@ class Scheduler:
         for job in jobs:
             if job.future.cancelled():
                 job.done = True
-            elif job.cache is None and not job.decoding and self._waits(job, jobs):
+            elif not job.begun and self._waits(job, jobs):
                 self._prefill["held_rounds"] += 1
             elif not job.decoding:
                 try:
@@ -285,16 +290,21 @@ class Scheduler:
 
     def _prefill_step(self, job: Job, jobs: list[Job]) -> None:
         prompt = job.prompt.ids
-        if job.cache is None:
+        if not job.begun:
+            job.begun = True
             job.started = time.perf_counter()
             job.version = self._policy_version
-            job.cache, job.reused = self._start_cache(job, jobs)
+            job.reused = self._start(job, jobs)
             job.position = job.reused
             self._prefill["requests"] += 1
             self._prefill["prompt_tokens"] += len(prompt)
             self._prefill["reused_tokens"] += job.reused
         chunk = prompt[job.position : job.position + self.prefill_chunk]
-        logits = self._forward(torch.tensor([chunk]), job.cache)
+        if job.first_row is None:
+            logits = self._forward(torch.tensor([chunk]), job.cache)
+        else:
+            logits = self._forward(torch.tensor([chunk]), self._batch.row_cache(job.first_row))
+            self._batch.extend(job.first_row, len(chunk))
         job.position += len(chunk)
         self._prefill["computed_tokens"] += len(chunk)
         if job.position < len(prompt):
@@ -303,26 +313,26 @@ class Scheduler:
         n = job.params.n
         job.rows = [Row() for _ in range(n)]
         self._sample(job, logits.expand(n, -1))
-        if job.done or not self._buffered:
-            if not job.done and n > 1:
-                job.cache.batch_repeat_interleave(n)
-            job.decoding = True
+        job.decoding = True
+        if job.done:
             return
-        prefix = job.cache.prefix(len(prompt))
+        if job.first_row is None:
+            if n > 1:
+                job.cache.batch_repeat_interleave(n)
+            return
         # Stored now, not only when the generation ends, so that concurrent requests with the
         # same beginning reuse it (a finished generation's longer entry replaces it).
-        self.prefix_cache.store(prompt, prefix, job.version)
-        room = min(job.max_tokens, INITIAL_DECODE_ROOM)
-        job.first_row = self._batch.add(prefix, copies=n, room=room)
-        self._batch_jobs.append(job)
-        job.cache = None
-        job.decoding = True
+        self.prefix_cache.store(prompt, self._batch.prefix(job.first_row, len(prompt)), job.version)
+        self._batch.fan_out(job.first_row, n)
+        self._reading_jobs.remove(job)
+        self._decode_jobs.append(job)
+        self._arrange()
 
     def _batched_decode_step(self, jobs: list[Job]) -> None:
         batch = self._batch
         batch.ensure_room(1)
         # Rows of a request cancelled this round are still present until the round ends.
-        input_ids = torch.zeros((batch.rows, 1), dtype=torch.long)
+        input_ids = torch.zeros((batch.decoding, 1), dtype=torch.long)
         for job in jobs:
             input_ids[job.rows_slice(), 0] = job.last_tokens
         position_ids, mask = batch.step_inputs()
@@ -330,13 +340,13 @@ class Scheduler:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=mask,
-            past_key_values=batch,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_keyword: batch},
         )
         batch.advance()
         self._decode_steps += 1
-        self._decoded_rows += batch.rows
+        self._decoded_rows += batch.decoding
         logits = out.logits[:, -1]
         for job in jobs:
             self._sample(job, logits[job.rows_slice()])
@@ -358,11 +368,8 @@ class Scheduler:
         if self._buffered and job.params.n == 1:
             # Keys and values exist for the prompt and every sampled token but the last.
             kept = job.prompt.ids + job.rows[0].token_ids[:-1]
-            if job.first_row is not None:
-                prefix = self._batch.prefix(job.first_row, len(kept))
-            else:
-                prefix = job.cache.prefix(len(kept))
-            self.prefix_cache.store(kept, prefix, job.version)
+            first = job.first_row or 0  # a batched model's job always has rows
+            self.prefix_cache.store(kept, self._batch.prefix(first, len(kept)), job.version)
         finished = time.perf_counter()
         result = self._text.result(job, job.version)
         result.timing = {
@@ -377,29 +384,25 @@ class Scheduler:
         job.done = True
 
     def _leave_batch(self, finished: list[Job]) -> None:
-        """Drop finished jobs' rows from the decode batch; the others move up."""
+        """Drop finished (or failed, or cancelled) jobs' rows from the batch; the others move up.
+
+        A failure touches no other job's rows: a prefill writes only its own row, and a decode
+        step only the positions past each decoding row's length (all of whose jobs then fail).
+        """
         if not any(job.first_row is not None for job in finished):
             return
-        if any(job.failed and job.first_row is not None for job in finished):
-            # A failed step leaves the batch in an unknown state: start a new one.
-            for job in self._batch_jobs:
-                if not job.done:
-                    job.fail(EngineUnavailable("the decode batch failed; retry"))
-                job.first_row = None
-            self._batch = self._new_batch()
-            self._batch_jobs = []
-            return
-        keep: list[int] = []
-        remaining = []
-        for job in self._batch_jobs:
-            if job.done:
-                continue
-            rows = list(range(job.first_row or 0, (job.first_row or 0) + job.params.n))
-            job.first_row = len(keep)
-            keep.extend(rows)
-            remaining.append(job)
-        self._batch.keep(keep)
-        self._batch_jobs = remaining
+        self._decode_jobs = [job for job in self._decode_jobs if not job.done]
+        self._reading_jobs = [job for job in self._reading_jobs if not job.done]
+        self._arrange()
+
+    def _arrange(self) -> None:
+        """Lay the batch out as the job lists say (decoding rows first) and renumber them."""
+        rows: list[int] = []
+        for job in (*self._decode_jobs, *self._reading_jobs):
+            first = job.first_row or 0
+            job.first_row = len(rows)
+            rows.extend(range(first, first + job.params.n))
+        self._batch.arrange(rows, sum(job.params.n for job in self._decode_jobs))
 
     def _new_batch(self) -> BatchCache:
         config = self.module.config.get_text_config()
@@ -409,16 +412,22 @@ class Scheduler:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         return BatchCache(self._num_layers, heads, head_dim, self.module.dtype)
 
-    def _start_cache(self, job: Job, jobs: list[Job]) -> tuple[Any, int]:
-        """A cache holding the longest reusable prefix of the job's prompt, from the prefix
-        cache or from another job's prefill in progress (at least one token is left to run,
-        since its logits start the generation)."""
+    def _start(self, job: Job, jobs: list[Job]) -> int:
+        """Give the job somewhere to prefill into, holding the longest reusable prefix of its
+        prompt (from the prefix cache, or from another job's prefill in progress; at least one
+        token is left to run, since its logits start the generation); returns that length.
+
+        A batched model's job gets its rows in the batch, with room for the prompt and its first
+        decode positions, and is prefilled straight into the first of them."""
         prompt = job.prompt.ids
         if not self._buffered:
             from transformers import DynamicCache
 
-            return DynamicCache(config=self.module.config), 0
-        cache = BufferCache(self._num_layers, len(prompt))
+            job.cache = DynamicCache(config=self.module.config)
+            return 0
+        room = min(job.max_tokens, INITIAL_DECODE_ROOM)
+        job.first_row = self._batch.reserve(job.params.n, len(prompt) + room)
+        self._reading_jobs.append(job)
         limit = len(prompt) - 1
         donor, length = None, 0
         for other in jobs if self._sharing else ():
@@ -429,18 +438,19 @@ class Scheduler:
         if donor is not None and length > self.prefix_cache.match_length(
             prompt, job.version, limit
         ):
-            copy_prefix(cache, donor.cache.prefix(length), length)
+            donated = self._batch.prefix(donor.first_row or 0, length)
+            self._batch.load(job.first_row, donated, length)
             self._prefill["reused_in_flight_tokens"] += length
-            return cache, length
+            return length
         match = self.prefix_cache.lookup(prompt, job.version, limit=limit)
         if match is None:
-            return cache, 0
-        load_prefix(cache, match)
-        return cache, match.length
+            return 0
+        self._batch.load(job.first_row, match.entry.layers, match.length)
+        return match.length
 
     def _forward(self, input_ids: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.module(
-            input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
+            input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache}
         )
         return out.logits[:, -1]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -63,6 +64,10 @@ class Family:
     # The parser's call ids are the model's own (Kimi functions.NAME:IDX): replies and history
     # keep them instead of fresh call_ ids.
     model_call_ids: ClassVar[bool] = False
+    # The template variables that switch reasoning on or off (Qwen3, Qwen3.5, GLM, Nemotron 3)
+    # and set its effort (gpt-oss: low, medium, high); a template has one where it reads it.
+    thinking_switch: ClassVar[str] = "enable_thinking"
+    effort_control: ClassVar[str] = "reasoning_effort"
 
     def matches(self, tokenizer: Any) -> bool:
         """Whether ``tokenizer`` (its chat template and special tokens) is this family's."""
@@ -85,11 +90,14 @@ class Family:
         add_generation_prompt: bool = True,
         continue_final: bool = False,
         started: datetime | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text vLLM's chat endpoint would feed the model (override: an encoder);
-        ``started`` (the session's start) is the date a template prints (:func:`dated`)."""
+        ``started`` (the session's start) is the date a template prints (:func:`dated`);
+        ``variables`` are the request's own template variables (:meth:`reasoning_variables`)."""
         template = dated(chat_template or tokenizer.chat_template, started)
         tools, extra = self.template_inputs(tools, template)
+        extra = {**extra, **(variables or {})}
         return render_text(
             tokenizer,
             messages,
@@ -106,6 +114,14 @@ class Family:
         """The tools and extra template variables the family's own tokenizer code hands its
         template (Kimi: key-sorted tools and ``tools_ts_str``); default: the tools, nothing."""
         return tools, {}
+
+    def reasoning_variables(self, template: str | None) -> tuple[str | None, str | None]:
+        """The reasoning switch and effort variables ``template`` reads (None: it has none);
+        a family that renders with its own encoder has neither (no template to read them)."""
+        text = template or ""
+        switch = self.thinking_switch if self.thinking_switch in text else None
+        effort = self.effort_control if self.effort_control in text else None
+        return switch, effort
 
     def parser(self) -> ToolParser:
         return get_tool_parser(self.tool_parser)

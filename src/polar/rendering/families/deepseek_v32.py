@@ -14,6 +14,7 @@ thinking mode, where the encoder drops reasoning before the latest user message
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -69,9 +70,11 @@ class DeepSeekV32Family(Family):
         add_generation_prompt: bool = True,
         continue_final: bool = False,
         started: datetime | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The encoder's prompt: it always ends a user or tool turn by opening the assistant's
-        (it prints no date, so ``started`` changes nothing)."""
+        (it prints no date, so ``started`` changes nothing; it reads no template variables,
+        so ``variables`` is always empty: :meth:`reasoning_variables` finds none)."""
         if continue_final:
             raise InvalidRequest("DeepSeek V3.2's encoder cannot continue an assistant message")
         validate_messages(messages)

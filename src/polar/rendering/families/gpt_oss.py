@@ -10,6 +10,7 @@ call turns not yet followed by an answer, hence ``reasoning_history: drop``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,7 @@ class GptOssFamily(Family):
         add_generation_prompt: bool = True,
         continue_final: bool = False,
         started: datetime | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """The template after moving each assistant turn's reasoning to ``thinking``, where the
         template reads it, and dropping empty ``tool_calls`` (it tests the key, not its value)."""
@@ -53,6 +55,7 @@ class GptOssFamily(Family):
             add_generation_prompt=add_generation_prompt,
             continue_final=continue_final,
             started=started,
+            variables=variables,
         )
 
 

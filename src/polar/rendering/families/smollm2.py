@@ -29,13 +29,12 @@ class SmolLM2Family(Family):
     bundled = SMOLLM2_TOOLS_TEMPLATE
 
     def matches(self, tokenizer: Any) -> bool:
-        """ChatML tokens, and either a template that names SmolLM or a ChatML template over
-        SmolLM2's own vocabulary (its added tokens at their ids). Never its size alone: another
-        49,152-token vocabulary is another model."""
+        """A ChatML template over SmolLM2's own vocabulary (its added tokens at their ids).
+        Never a name in the template (SmolLM3's names SmolLM too, over another vocabulary, with
+        tools of its own) nor the vocabulary's size: another 49,152-token vocabulary is another
+        model."""
         if not has_special(tokenizer, "<|im_start|>", "<|im_end|>"):
             return False
-        if template_has(tokenizer, "SmolLM"):
-            return True
         vocab = tokenizer.get_vocab()
         own_ids = all(vocab.get(token) == i for token, i in _SMOLLM2_IDS.items())
         return own_ids and template_has(tokenizer, "<|im_start|>")
