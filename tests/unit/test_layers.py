@@ -4,6 +4,7 @@ stack (never on each other or a server), the CLI on top.
 
 Every ``import polar.x`` in ``src/polar`` (lazy imports inside functions included) is checked,
 so a shortcut from one server into the other, or from a server up into the stack, fails here.
+Inside the gateway, the proxy wing never imports the node wing (``gateway/node/``).
 """
 
 from __future__ import annotations
@@ -35,19 +36,13 @@ LAYERS: list[set[str]] = [
         "serving",
         "logs",
     },
-    {
-        "providers",
-        "rendering",
-        "engines",
-        "capture",
-        "trajectory",
-        "evaluators",
-        "runtimes",
-        "harnesses",
-        "client",
-        "swe",
-        "turn_rewards",
-    },
+    # The floors the servers stand on, three of them: the wire shapes, the record store, the
+    # sandboxes and the client first; what reads them (rendering, harnesses, evaluators, the
+    # trajectory builders, SWE tasks) next; the engines and the turn rewards, which score with
+    # an engine, last. A builder that reaches into an engine for a codec or a tokenizer fails.
+    {"capture", "providers", "runtimes", "client"},
+    {"rendering", "harnesses", "evaluators", "trajectory", "swe"},
+    {"engines", "turn_rewards"},
     {"gateway", "rollout"},
     {"stack"},
     {"training", "quickstart", "generation", "ray"},
@@ -75,6 +70,8 @@ def _package_of(path: Path) -> str:
 
 def _imported_packages(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
+    if path == SRC / "__init__.py":  # the public API's names for type checkers: never run
+        tree.body = [node for node in tree.body if not _is_type_checking_block(node)]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -96,6 +93,13 @@ def _imported_packages(path: Path) -> set[str]:
     return found
 
 
+def _is_type_checking_block(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in (
+        "TYPE_CHECKING",
+        "typing.TYPE_CHECKING",
+    )
+
+
 def _graph() -> dict[str, dict[str, list[str]]]:
     """package -> imported package -> the files that import it."""
     graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -110,20 +114,109 @@ def _graph() -> dict[str, dict[str, list[str]]]:
 GRAPH = _graph()
 
 
+def _upward(package: str, imports: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The imported packages (with their importing files) on a higher layer than ``package``."""
+    return {target: files for target, files in imports.items() if _layer(target) > _layer(package)}
+
+
 @pytest.mark.parametrize("package", sorted(GRAPH))
 def test_imports_only_its_own_layer_or_below(package: str) -> None:
-    upward = {
-        target: files
-        for target, files in GRAPH[package].items()
-        if _layer(target) > _layer(package)
-    }
+    upward = _upward(package, GRAPH[package])
     assert not upward, f"polar.{package} imports upward: {upward}"
+
+
+def test_the_sub_layers_refuse_a_builder_reaching_into_an_engine(tmp_path: Path) -> None:
+    """The rule the one middle layer could not see: trajectory/ reading a codec or a tokenizer
+    out of engines/ (as it once did) is an upward import now; its own floors are not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from polar.engines import routed_experts\n"
+        "def later():\n    from polar.engines.model_files import load_tokenizer\n"
+        "from polar.capture import routed_experts as codec\n"
+        "from polar.rendering.model_files import load_tokenizer as tokenizer\n"
+    )
+    imports = {target: [probe.name] for target in _imported_packages(probe)}
+    assert _upward("trajectory", imports) == {"engines": [probe.name]}
+    assert _upward("engines", imports) == {}
+    assert _upward("capture", imports) == {"engines": [probe.name], "rendering": [probe.name]}
 
 
 @pytest.mark.parametrize(("a", "b"), APART)
 def test_servers_do_not_import_each_other(a: str, b: str) -> None:
     assert b not in GRAPH[a], f"polar.{a} imports polar.{b}: {GRAPH[a][b]}"
     assert a not in GRAPH[b], f"polar.{b} imports polar.{a}: {GRAPH[b][a]}"
+
+
+# The gateway's two wings: the proxy wing (gateway/'s own modules) never imports the node wing
+# at run time, so a standalone gateway loads no runtime, harness or evaluator. Only the app
+# factory attaches the node (lazily, on a rollout node); a type named for checkers is no import.
+NODE_WING = "polar.gateway.node"
+WIRES_BOTH_WINGS = {"gateway/app.py"}
+
+
+def _runtime_imports(path: Path, package: str) -> set[str]:
+    """Every ``polar`` module (or name in one) a file in ``package`` imports at run time:
+    lazy and relative imports included, ``TYPE_CHECKING`` blocks left out."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {
+        id(inner)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.stmt) and _is_type_checking_block(block)
+        for inner in ast.walk(block)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # ``from .x import y`` in ``package``; ``..`` is its parent
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*parts, module] if module else parts)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "polar"}
+
+
+def _reaches_node_wing(modules: set[str]) -> set[str]:
+    return {m for m in modules if m == NODE_WING or m.startswith(NODE_WING + ".")}
+
+
+def test_the_proxy_wing_does_not_import_the_node_wing() -> None:
+    proxy_wing = sorted((SRC / "gateway").glob("*.py"))
+    assert len(proxy_wing) > 10 and (SRC / "gateway" / "node" / "lifecycle.py").is_file()
+    reached = {
+        rel: sorted(found)
+        for path in proxy_wing
+        if (rel := str(path.relative_to(SRC))) not in WIRES_BOTH_WINGS
+        if (found := _reaches_node_wing(_runtime_imports(path, "polar.gateway")))
+    }
+    assert not reached, f"the proxy wing imports the node wing: {reached}"
+
+
+def test_the_wing_checker_sees_a_violation(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from polar.gateway.node.lifecycle import Lifecycle\n"
+        "def later():\n    from polar.gateway import node\n"
+        "from .node import node_api\n"
+        "from ..gateway.node import node_client\n"
+        "import polar.gateway.node.executors\n"
+        "from polar.gateway.sessions import SessionRegistry\n"
+        "from polar.gateway import nodes\n"
+        "if TYPE_CHECKING:\n    from polar.gateway.node.node_api import GatewayNode\n"
+    )
+    assert _reaches_node_wing(_runtime_imports(probe, "polar.gateway")) == {
+        "polar.gateway.node.lifecycle.Lifecycle",
+        "polar.gateway.node",
+        "polar.gateway.node.node_api",
+        "polar.gateway.node.executors",
+        "polar.gateway.node.node_client",
+    }
+    assert "polar.node.node_api" in _runtime_imports(probe, "polar")  # ``.``: the file's package
+    # The one exemption is real: the factory does attach the node wing.
+    assert _reaches_node_wing(_runtime_imports(SRC / "gateway" / "app.py", "polar.gateway"))
 
 
 def _off_limits(package: str) -> set[str]:

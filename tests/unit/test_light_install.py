@@ -23,7 +23,6 @@ import pytest
 
 import polar
 from polar.capture.store import CaptureStore
-from polar.engines.model_files import load_tokenizer
 from polar.engines.scripted import (
     Script,
     ScriptedBackend,
@@ -35,8 +34,9 @@ from polar.errors import ConfigError
 from polar.extras import EXTRA_MODULES, MissingExtra, require
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
-from polar.gateway.rendering import discover
+from polar.gateway.engine_facts import discover
 from polar.gateway.server import BackgroundServer
+from polar.rendering.model_files import load_tokenizer
 
 ROOT = Path(polar.__file__).parents[2]
 HEAVY = ("torch", "transformers", "accelerate", "gguf", "pyarrow", "safetensors", "tokenizers")
@@ -68,7 +68,7 @@ WITHOUT_EXTRAS = textwrap.dedent(
 CORE_MODULES = [
     "polar.cli.main",
     "polar.gateway.app",
-    "polar.gateway.node_api",
+    "polar.gateway.node.node_api",
     "polar.rollout.app",
     "polar.stack.topology",
     "polar.trajectory.registry",

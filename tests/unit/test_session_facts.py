@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import polar
+from polar.gateway.sessions import SessionTags
 from polar.schemas.task import EvaluationSummary, SessionResult, SessionStatus
 from polar.schemas.trajectory import (
     Trace,
@@ -77,10 +78,27 @@ _FACTS |= set(TraceStats.model_fields) | set(TrajectoryStats.model_fields)
 _READERS = ("training", "generation", "quickstart", "trajectory", "rollout", "turn_rewards")
 
 
+def _is_bag(node: ast.expr, aliases: set[str]) -> bool:
+    """``x.metadata``, a name ``metadata`` / ``meta``, or a name bound to an expression that
+    reads a ``.metadata`` (``meta = s.metadata if s else {}``)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "metadata"
+    return isinstance(node, ast.Name) and (node.id in ("metadata", "meta") or node.id in aliases)
+
+
 def _string_keyed_reads(path: Path, keys: set[str], root: Path = SRC) -> list[str]:
-    """``<x>.metadata.get("key")`` and ``<x>.metadata["key"]`` for a key in ``keys``."""
+    """``<bag>.get("key")`` and ``<bag>["key"]`` for a key in ``keys`` (see :func:`_is_bag`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    aliases = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(n, ast.Attribute) and n.attr == "metadata" for n in ast.walk(node.value))
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
         if not isinstance(node, ast.expr):
             continue
         target, key = None, None
@@ -89,8 +107,8 @@ def _string_keyed_reads(path: Path, keys: set[str], root: Path = SRC) -> list[st
                 target, key = node.func.value, node.args[0]
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             target, key = node.value, node.slice
-        named_metadata = isinstance(target, ast.Attribute) and target.attr == "metadata"
-        if named_metadata and isinstance(key, ast.Constant) and key.value in keys:
+        bag = target is not None and _is_bag(target, aliases)
+        if bag and isinstance(key, ast.Constant) and key.value in keys:
             found.append(f"{path.relative_to(root)}:{node.lineno}: metadata[{key.value!r}]")
     return found
 
@@ -109,6 +127,30 @@ def test_the_fact_checker_sees_a_read(tmp_path: Path) -> None:
     )
     found = [h.split(": ")[1] for h in _string_keyed_reads(probe, _FACTS, tmp_path)]
     assert found == ["metadata['passed']", "metadata['sample_index']"]
+
+
+# What the gateway knows of a live session: SessionTags' fields, and whether it is closed (the
+# store's column). No module under gateway/ reads one from a bag by string key.
+_SESSION_TAGS = set(SessionTags.model_fields) | {"closed"}
+
+
+def test_no_gateway_module_reads_a_session_tag_by_string_key() -> None:
+    paths = sorted((SRC / "gateway").rglob("*.py"))
+    found = [hit for path in paths for hit in _string_keyed_reads(path, _SESSION_TAGS)]
+    assert not found, found
+
+
+def test_the_tag_checker_sees_each_way_the_gateway_read_them(tmp_path: Path) -> None:
+    """The three reads the gateway made before SessionTags, planted in a probe."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "cap = self.metadata.get('max_model_calls')\n"
+        "meta = session.metadata if session is not None else {}\nt = meta.get('task_id')\n"
+        "for sid, metadata in store.sessions().items():\n    c = metadata.get('closed')\n"
+        "body.get('harness')\n"
+    )
+    found = [h.split(": ")[1] for h in _string_keyed_reads(probe, _SESSION_TAGS, tmp_path)]
+    assert found == ["metadata['max_model_calls']", "metadata['task_id']", "metadata['closed']"]
 
 
 def test_stats_read_what_builders_wrote_with_one_set_of_defaults() -> None:

@@ -20,6 +20,24 @@ def positive_float(text: str) -> float:
     return value
 
 
+def add_family_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--family`` and ``--tool-parser``, their help listing what the registries hold now (a
+    family or parser added there shows up here)."""
+    from polar.rendering.families.registry import FAMILIES
+    from polar.rendering.parsers.registry import TOOL_PARSERS
+
+    parser.add_argument(
+        "--family",
+        help=f"the served model's family, in place of the one detected from its tokenizer: "
+        f"{', '.join(FAMILIES.names())}, or module:Class",
+    )
+    parser.add_argument(
+        "--tool-parser",
+        help=f"override the family's tool-call parser: {', '.join(TOOL_PARSERS.names())}, or "
+        "module:Class",
+    )
+
+
 def repo_path(text: str) -> tuple[str, str]:
     """``OWNER/NAME=PATH``: a repository's local git repository or bundle."""
     repo, sep, path = text.partition("=")

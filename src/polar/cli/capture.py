@@ -1,4 +1,5 @@
-"""``polar capture verify DB``: check that every stored record decodes exactly."""
+"""``polar capture verify DB``: check that every stored record decodes exactly;
+``polar capture export DB --format F -o OUT``: the store as a serving trace (JSONL)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,25 @@ def add_parser(sub: Any) -> None:
     verify.add_argument("db", type=Path, metavar="DB", help="a capture store (SQLite file)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(func=_verify)
+    export = verbs.add_parser(
+        "export",
+        help="write the captured calls as a serving trace: agentic_replay (Mooncake/AIPerf "
+        "requests per session) or grpo_rollout (one row per GRPO sample)",
+    )
+    export.add_argument("db", type=Path, metavar="DB", help="a capture store (SQLite file)")
+    export.add_argument(
+        "--format",
+        default="agentic_replay",
+        help="agentic_replay, grpo_rollout, or module:Class (default agentic_replay)",
+    )
+    export.add_argument("-o", "--out", type=Path, required=True, help="the JSONL file written")
+    export.add_argument(
+        "--block-size", type=int, default=512, help="tokens per hash_ids block (default 512)"
+    )
+    export.add_argument(
+        "--session", action="append", dest="sessions", metavar="ID", help="only this session"
+    )
+    export.set_defaults(func=_export)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -51,3 +71,18 @@ def _verify(args: argparse.Namespace) -> int:
         f" in {args.db}"
     )
     return 0 if report.ok else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from polar.errors import ConfigError, CorruptRecord
+    from polar.trajectory.serving_traces.registry import export_trace
+
+    try:
+        rows = export_trace(
+            args.db, args.format, args.out, block_size=args.block_size, session_ids=args.sessions
+        )
+    except (OSError, sqlite3.Error, ConfigError, CorruptRecord, ValueError) as exc:
+        print(f"polar: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {rows} {args.format} rows to {args.out}")
+    return 0

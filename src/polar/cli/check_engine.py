@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from polar.cli.arguments import positive_int
+from polar.cli.arguments import add_family_arguments, positive_int
 
 
 def add_parser(sub: Any) -> None:
@@ -26,19 +26,21 @@ def add_parser(sub: Any) -> None:
         "model directory the engine reports)",
     )
     parser.add_argument("--chat-template", help="a .jinja file replacing the tokenizer's own")
-    parser.add_argument(
-        "--family",
-        help="the model family (default: detected from the tokenizer; see docs/engines.md)",
-    )
-    parser.add_argument("--tool-parser", help="override the family's tool-call parser")
+    add_family_arguments(parser)
     parser.add_argument("--sessions", type=positive_int, default=3, help="tool sessions to run")
     parser.add_argument("--turns", type=positive_int, default=4, help="model calls per session")
+    parser.add_argument(
+        "--force-tools",
+        action="store_true",
+        help="send tool_choice (required, then the bash function by name) on every call, so a "
+        "weak or random model still makes tool calls and the next turns are spliced onto them",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=_check)
 
 
 def _check(args: argparse.Namespace) -> int:
-    from polar.gateway.engine_check import check_engine, format_report
+    from polar.stack.engine_check import check_engine, format_report
 
     check = asyncio.run(
         check_engine(
@@ -50,10 +52,11 @@ def _check(args: argparse.Namespace) -> int:
             tool_parser=args.tool_parser,
             sessions=args.sessions,
             turns=args.turns,
+            force_tools=args.force_tools,
         )
     )
     if args.json:
-        report = {**dataclasses.asdict(check), "ok": check.ok}
+        report = {**dataclasses.asdict(check), "ok": check.ok, "unexercised": check.unexercised}
         print(orjson.dumps(report).decode())
     else:
         print(format_report(check))

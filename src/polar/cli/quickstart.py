@@ -20,6 +20,10 @@ from polar.extras import require
 from polar.quickstart.run import QuickstartOptions, run_quickstart
 from polar.quickstart.summary import summary_table
 
+CONSOLE_WIDTH = 110
+"""The narrowest console the run reports to: the summary table, its delivered column
+included, prints whole at this width (a pipe or CI log gets exactly this)."""
+
 _DEFAULTS = QuickstartOptions()
 TOOL_USE_OUTPUT = "polar-train-tool-use"
 """Where ``polar train tool_use`` writes its run (the bundled config's ``output_dir``)."""
@@ -53,7 +57,8 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     size.add_argument(
         "--timeout", type=positive_float, default=_DEFAULTS.timeout_s, metavar="S",
-        help="each session's budget in seconds, from sandbox start to harness exit",
+        help="each session's budget in seconds, from sandbox start to harness exit, not "
+        "counting the time its model calls spend with the engine",
     )  # fmt: skip
     size.add_argument(
         "--max-tokens", type=positive_int, default=_DEFAULTS.max_tokens, metavar="N",
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         dashboard=args.dashboard,
         **local_run_fields(args),
     )
-    console = run_console(100, loads_model=True, parquet_file="trajectories.parquet")
+    console = run_console(CONSOLE_WIDTH, loads_model=True, parquet_file="trajectories.parquet")
     outcome = run_reporting(lambda: run_quickstart(options, console), console)
     if outcome is None:
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from polar.cli.arguments import add_family_arguments
 from polar.engines.registry import EngineConfig
 from polar.errors import ConfigError
 from polar.gateway.app import create_app
@@ -45,9 +46,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--tokenizer", help="served model's tokenizer: HF dir, .gguf or hub id")
     p.add_argument("--chat-template", help="a .jinja chat template replacing the tokenizer's")
-    p.add_argument(
-        "--tool-parser", help="hermes (default), qwen3, qwen3_coder, llama3_json, module:Class"
-    )
+    add_family_arguments(p)
     p.add_argument("--capture-db", help="SQLite capture store path")
     p.add_argument("--auto-register", action="store_true", help="accept unknown keys as sessions")
     p.add_argument(
@@ -90,6 +89,7 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
             ("mode", "render"),
             ("tokenizer", "tokenizer"),
             ("chat_template", "chat_template"),
+            ("family", "family"),
             ("tool_parser", "tool_parser"),
         )
         if getattr(args, attr) is not None
@@ -129,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
         print("auth is OFF: any process on this machine may drive this gateway")
     elif not config.admin_token:
         print(f"admin token (/polar/*, /docs): {config.token_file()}")
-    serve(app, host=config.host, port=config.port, limits=config.limits, sock=sock)
+    serve(app, host=config.host, port=config.port, limits=config.server_limits(), sock=sock)
     return 0

@@ -38,6 +38,7 @@ import posixpath
 import shlex
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,12 +149,12 @@ class SWETestsConfig(BaseModel):
         return value
 
 
-def read_log(path: Path, limit: int = LOG_LIMIT) -> str | None:
-    """A test log the command wrote, never through a link (code under test could plant one
-    to a host file) and never a FIFO or device; head and tail halves past ``limit`` bytes;
-    None when there is none."""
+def read_log(path: Path, limit: int = LOG_LIMIT, *, root: Path | None = None) -> str | None:
+    """A test log the command wrote, reached beneath ``root`` and never through a link in any
+    component (code under test could plant one to a host file), never a FIFO or device; head
+    and tail halves past ``limit`` bytes; None when there is none."""
     try:
-        with open_regular(path, limit=sys.maxsize) as (log, size):
+        with open_regular(path, limit=sys.maxsize, root=root) as (log, size):
             if size <= limit:
                 data = log.read(limit)
             else:
@@ -171,17 +172,17 @@ async def _read_inside(runtime: Runtime, path: str) -> str | None:
     files are on this host, else downloaded first (a sandbox that lives elsewhere)."""
     if runtime.host_files:
         try:
-            host = runtime.host_path(path)
+            host, root = runtime.host_path(path), runtime.host_root(path)
         except ValueError:  # a link out of the runtime's home
             return None
-        return await asyncio.to_thread(read_log, host)
+        return await asyncio.to_thread(partial(read_log, host, root=root))
     with tempfile.TemporaryDirectory(prefix="polar-swe-log-") as tmp:
         local = Path(tmp) / "test.log"
         try:
             await runtime.download(path, local)
         except (OSError, ValueError):  # none written, or no regular file
             return None
-        return await asyncio.to_thread(read_log, local)
+        return await asyncio.to_thread(partial(read_log, local, root=Path(tmp)))
 
 
 # -- the evaluator ---------------------------------------------------------------------------

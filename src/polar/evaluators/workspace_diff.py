@@ -112,8 +112,12 @@ def apply_diff(
         if matches(rel, protected):
             report.protected.append(rel)
             continue
-        target.remove(rel)
-        _prune_empty_parents(target, agent, rel)
+        try:
+            target.remove(rel)
+            _prune_empty_parents(target, agent, rel)
+        except OSError:  # e.g. a link in the clean copy where a parent directory would be
+            report.conflicts.append(rel)
+            continue
         report.applied.append(rel)
     for rel in diff.changed:
         if matches(rel, protected):

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from polar.generation.attempts import AttemptRecord, write_atomic
 from polar.schemas.task import SessionStatus
+from polar.schemas.token_delivery import TokenDelivery
 
 ACCEPTANCE_JSON = "acceptance.json"
 ACCEPTANCE_MD = "acceptance.md"
@@ -42,6 +43,8 @@ class Tally:
     calls: int = 0
     prompt_tokens: int = 0
     sampled_tokens: int = 0
+    delivery: TokenDelivery = field(default_factory=TokenDelivery)
+    """Sampled tokens delivered to trainable traces, and lost by reason."""
 
     @property
     def rate(self) -> float | None:
@@ -49,7 +52,12 @@ class Tally:
 
     def as_dict(self) -> dict[str, Any]:
         rate = self.rate
-        return {**asdict(self), "rate": round(rate, 4) if rate is not None else None}
+        delivery = self.delivery.model_dump(mode="json") | {"fraction": self.delivery.fraction}
+        return {
+            **asdict(self),
+            "rate": round(rate, 4) if rate is not None else None,
+            "delivery": delivery,
+        }
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ def tally(records: Iterable[AttemptRecord]) -> Tally:
         calls=sum(r.calls for r in records),
         prompt_tokens=sum(r.prompt_tokens for r in records),
         sampled_tokens=sum(r.sampled_tokens for r in records),
+        delivery=TokenDelivery.total(r.delivery or TokenDelivery.unknown() for r in records),
     )
 
 
@@ -125,6 +134,7 @@ COLUMNS = (
     "session time",
     "prompt tokens",
     "sampled tokens",
+    "delivered",
 )
 
 
@@ -141,6 +151,7 @@ def cells(name: str, t: Tally) -> list[str]:
         _duration(t.wall_s),
         f"{t.prompt_tokens:,}",
         f"{t.sampled_tokens:,}",
+        f"{t.delivery.fraction:.1%}" if t.delivery.fraction is not None else "-",
     ]
 
 
@@ -155,6 +166,7 @@ def markdown(report: AcceptanceReport) -> str:
     for repo, t in report.repos.items():
         lines.append("| " + " | ".join(cells(repo, t)) + " |")
     lines.append("| " + " | ".join(f"**{c}**" for c in cells(TOTAL, report.total)) + " |")
+    lines += ["", f"Sampled tokens: {report.total.delivery.describe()}."]
     if report.facts:
         lines.append("")
         lines.extend(f"- {key}: {_fact(value)}" for key, value in report.facts.items())

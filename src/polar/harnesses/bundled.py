@@ -39,6 +39,8 @@ class BundledAgent(Harness):
     name = AGENT
     settings_model = AgentSettings
     shell_tool = AGENT_SHELL_TOOL
+    turn_limit_setting = "max_turns"
+    light = True
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:
         settings = AgentSettings.parse(ctx.settings, self.name)
@@ -65,4 +67,4 @@ class BundledAgent(Harness):
 
 def agent_spec(max_turns: int, model_name: str) -> AgentSpec:
     """An AgentSpec for the bundled agent, at most ``max_turns`` model calls."""
-    return AgentSpec(harness=AGENT, model_name=model_name, settings={"max_turns": max_turns})
+    return BundledAgent().agent_spec(max_turns=max_turns, model_name=model_name, compact=False)

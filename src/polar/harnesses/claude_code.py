@@ -63,6 +63,7 @@ class ClaudeCode(Harness):
     shell_tool = ShellTool("Bash", "command", {"description": "Run a shell command"})
     settings_model = ClaudeCodeSettings
     npm_package = "@anthropic-ai/claude-code"
+    turn_limit_setting = "max_turns"
     binary = "node_modules/@anthropic-ai/claude-code-linux-x64/claude"
 
     def prepare(self, ctx: HarnessContext) -> HarnessLaunch:

@@ -52,6 +52,11 @@ class CodexSettings(ConfigFileSettings):
         description="Base instructions in place of Codex's own (~17 KB): written to "
         "$CODEX_HOME/instructions.md and named by model_instructions_file.",
     )
+    websocket: bool = Field(
+        False,
+        description="Responses over a WebSocket (the gateway provider's supports_websockets): "
+        "one connection per session, each turn only its new input and previous_response_id.",
+    )
 
 
 class Codex(Harness):
@@ -59,6 +64,7 @@ class Codex(Harness):
     shell_tool = ShellTool("exec_command", "cmd")
     settings_model = CodexSettings
     npm_package = "@openai/codex"
+    compact_settings = COMPACT_SETTINGS
     needs_node = True
     binary = "node_modules/@openai/codex/bin/codex.js"
 
@@ -107,6 +113,7 @@ def codex_config(ctx: HarnessContext, settings: CodexSettings) -> dict[str, Any]
             "base_url": ctx.openai_url,
             "env_key": API_KEY_VAR,
             "wire_api": "responses",
+            **({"supports_websockets": True} if settings.websocket else {}),
         }
     }
     return settings.config_file(config, "mcp_servers")

@@ -41,6 +41,7 @@ class GeminiCli(Harness):
     shell_tool = ShellTool("run_shell_command", "command")
     settings_model = GeminiCliSettings
     npm_package = "@google/gemini-cli"
+    turn_limit_setting = "max_turns"
     needs_node = True
     binary = "node_modules/@google/gemini-cli/bundle/gemini.js"
 

@@ -70,6 +70,8 @@ class Pi(Harness):
     shell_tool = ShellTool("bash", "command")
     settings_model = PiSettings
     npm_package = "@mariozechner/pi-coding-agent"
+    compact_settings = COMPACT_SETTINGS
+    light = True
     needs_node = True
     binary = "node_modules/@mariozechner/pi-coding-agent/dist/cli.js"
 

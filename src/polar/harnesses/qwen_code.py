@@ -35,6 +35,7 @@ class QwenCode(Harness):
     shell_tool = ShellTool("run_shell_command", "command")
     settings_model = QwenCodeSettings
     npm_package = "@qwen-code/qwen-code"
+    turn_limit_setting = "max_turns"
     needs_node = True
     binary = "node_modules/@qwen-code/qwen-code/cli.js"
 

@@ -37,6 +37,13 @@ for _preset in _PRESETS:
 CLI_PRESETS: tuple[str, ...] = tuple(sorted(p.name for p in _PRESETS if p.npm_package))
 
 
+def local_presets() -> list[str]:
+    """The registered presets a command can run with no settings of its own (quickstart,
+    generate, tool-use training, the demonstrator): every CLI, the bundled agent, and a preset
+    registered since, by name; not ``shell``, which needs its command."""
+    return [name for name in harnesses.names() if create_harness(name).runs_unconfigured()]
+
+
 def create_harness(name: str) -> Harness:
     """The harness for a preset name or ``module:Class``."""
     harness = harnesses.create(name)

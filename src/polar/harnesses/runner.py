@@ -32,12 +32,12 @@ class HarnessOutcome:
 
 
 async def run_launch(
-    launch: HarnessLaunch, runtime: Runtime, *, timeout_s: float, harness: str = "harness"
+    launch: HarnessLaunch, runtime: Runtime, *, timeout_s: float | None, harness: str = "harness"
 ) -> HarnessOutcome:
     """Write the launch's files into ``runtime``, run its argv, and check how it ended.
 
     Raises :class:`HarnessError` when the CLI is missing or exits non-zero, and
-    :class:`HarnessTimeout` when it is killed at ``timeout_s``.
+    :class:`HarnessTimeout` when it is killed at ``timeout_s`` (None: the caller bounds it).
     """
     await write_files(launch, runtime)
     await _check_executable(launch, runtime, harness)

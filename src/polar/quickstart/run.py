@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 from rich.console import Console
 
+from polar.harnesses.registry import create_harness
 from polar.logs import log_to_file
 from polar.quickstart.outputs import read_captures, write_outputs
 from polar.quickstart.progress import RunProgress
@@ -29,7 +30,6 @@ from polar.quickstart.summary import RunSummary, summarize
 from polar.quickstart.tasks import load_suite, task_request
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import SessionResult, TaskRequest
-from polar.stack.plan import LIGHT_HARNESSES
 from polar.stack.plan import runtime_spec as make_runtime_spec
 from polar.stack.run import LocalRun, LocalRunOptions, RunSetup, set_up, warn
 
@@ -37,8 +37,6 @@ SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
 # The servers' log events at INFO, whatever the terminal shows (docs/observability.md#logs).
 LOG_JSONL = "log.jsonl"
-# Beyond the sessions' own budgets: model load, start-up, post-run and shutdown.
-_DEADLINE_SLACK_S = 120.0
 DEFAULT_MAX_WORKERS = 16
 
 
@@ -58,8 +56,7 @@ class QuickstartOptions(LocalRunOptions):
     dashboard: bool = False
 
     def concurrency(self, sessions: int) -> int:
-        """Sessions at once: all of a small run, so the engine decodes them as one batch and
-        the whole run ends within one session budget."""
+        """Sessions at once: all of a small run, so the engine decodes them as one batch."""
         return self.workers or min(sessions, DEFAULT_MAX_WORKERS)
 
 
@@ -147,7 +144,7 @@ def _set_up(options: QuickstartOptions, sessions: int, console: Console) -> RunS
     setup = set_up(
         options, console, batch=batch, stock_prompt=options.stock_prompt, background=True
     )
-    if not options.engine_url and setup.harness.name not in LIGHT_HARNESSES:
+    if not options.engine_url and not create_harness(setup.harness.name).light:
         warn(
             console,
             f"{setup.harness.name}'s prompt is many thousand tokens: slow on a CPU, and over "
@@ -190,8 +187,9 @@ def _roll_out(
 
         def watch(submitted: list[str]) -> bool:
             progress = RunProgress(run.client, stack.store, submitted, console)
-            deadline = _deadline_s(options, len(requests))
-            return progress.watch(deadline, stop=engine.failed).all_done
+            # No deadline of its own: each session's budget bounds its harness, and its model
+            # calls (max_tokens each, at most max_turns) take what this machine needs.
+            return progress.watch(math.inf, stop=engine.failed).all_done
 
         followed = run.follow(requests, watch, on_interrupt="cancelling the running sessions ...")
         results = [r for t in followed.submitted for r in _sorted(run.client.result(t).results)]
@@ -219,13 +217,6 @@ def _describe(proc: psutil.Process) -> str:
         return f"{proc.pid} {' '.join(proc.cmdline())[:80]}"
     except psutil.Error:
         return str(proc.pid)
-
-
-def _deadline_s(options: QuickstartOptions, tasks: int) -> float:
-    """A bound on the whole run: every wave of sessions spending its full budget, plus slack."""
-    sessions = tasks * options.samples
-    waves = math.ceil(sessions / options.concurrency(sessions))
-    return waves * options.timeout_s + _DEADLINE_SLACK_S
 
 
 def _sorted(results: list[SessionResult]) -> list[SessionResult]:

@@ -16,6 +16,7 @@ from rich import box
 from rich.table import Table
 
 from polar.schemas.task import SessionResult, SessionStatus
+from polar.schemas.token_delivery import TokenDelivery
 
 STAGES = ("queued", "init", "ready_wait", "run", "postrun_wait", "postrun")
 
@@ -40,6 +41,7 @@ class Counts:
     splits: dict[str, int] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
     passed: int = 0
+    delivery: TokenDelivery = field(default_factory=TokenDelivery)
 
     @property
     def merge_ratio(self) -> float | None:
@@ -56,6 +58,8 @@ class Counts:
             **asdict(self),
             "merge_ratio": self.merge_ratio,
             "mean_reward": self.mean_reward,
+            "delivery": self.delivery.model_dump(mode="json")
+            | {"fraction": self.delivery.fraction},
         }
 
 
@@ -126,6 +130,7 @@ def _counts(results: list[SessionResult], calls: Mapping[str, int]) -> Counts:
         splits=dict(sum((Counter(s.breaks) for s in stats), Counter())),
         rewards=[r.reward for r in results if r.reward is not None],
         passed=sum(1 for r in results if r.passed),
+        delivery=TokenDelivery.total(r.delivery for r in results),
     )
 
 
@@ -135,6 +140,7 @@ def summary_table(summary: RunSummary) -> Table:
     table.add_column("task")
     for name in ("sessions", "ok", "timeout", "error", "calls", "traces", "merge", "exact"):
         table.add_column(name, justify="right")
+    table.add_column("delivered", justify="right")
     table.add_column("reward", justify="right")
     for task_id, counts in summary.tasks.items():
         table.add_row(task_id, *_cells(counts))
@@ -146,6 +152,7 @@ def summary_table(summary: RunSummary) -> Table:
 def _cells(c: Counts) -> list[str]:
     merge = f"{c.merge_ratio:.2f}" if c.merge_ratio is not None else "-"
     reward = f"{c.mean_reward:.2f}" if c.mean_reward is not None else "-"
+    delivered = f"{c.delivery.fraction:.0%}" if c.delivery.fraction is not None else "-"
     return [
         str(c.sessions),
         str(c.completed),
@@ -155,6 +162,7 @@ def _cells(c: Counts) -> list[str]:
         str(c.traces),
         merge,
         f"{c.context_exact_calls}/{c.merged_calls}",
+        delivered,
         f"{reward} ({c.passed}/{c.sessions})",
     ]
 
@@ -166,6 +174,7 @@ def _caption(summary: RunSummary) -> str:
         f"{facts.get('harness', '?')} in {facts.get('runtime', '?')}",
         f"{facts.get('engine', '?')} {facts.get('model') or ''}".strip(),
         f"{summary.total.trainable_tokens} trainable tokens",
+        summary.total.delivery.describe(),
     ]
     messages = facts.get("user_messages")
     if messages and messages > 1:  # say what made sessions several calls long

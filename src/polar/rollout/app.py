@@ -28,6 +28,7 @@ from polar.schemas.rollout import (
     NodeLost,
     NodeView,
     ResultAck,
+    ServerStatus,
     SessionView,
     TaskSummary,
 )
@@ -284,7 +285,7 @@ async def post_result(request: Request, result: FinalResult) -> ResultAck:
 
 
 @router.get("/status", tags=["admin"])
-async def status(request: Request) -> dict[str, Any]:
+async def status(request: Request) -> ServerStatus:
     return await asyncio.to_thread(_service(request).status)
 
 

@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from polar.rollout.nodes import NodeRecord
 from polar.schemas.task import SessionStatus
+from polar.schemas.token_delivery import LossReason, TokenDelivery
 
 # A node answers a dispatch in milliseconds; seconds mean it is struggling.
 DISPATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -110,6 +111,28 @@ class RolloutMetrics:
             " answered 5xx).",
             registry=r,
         )
+        self.sampled_tokens = Counter(
+            "polar_rollout_sampled_tokens_total",
+            "Tokens the engine sampled in finished sessions (counted by their builders).",
+            registry=r,
+        )
+        self.delivered_tokens = Counter(
+            "polar_rollout_delivered_tokens_total",
+            "Sampled tokens that reached a trainable trace of a completed session.",
+            registry=r,
+        )
+        self.lost_tokens = Counter(
+            "polar_rollout_lost_tokens_total",
+            "Sampled tokens that did not reach a trainable trace, by reason (stale, "
+            "retry_abandoned, multiple_policy_versions, aborted, drift_break, side_call, "
+            "timeout, evaluator_failure, agent_error, infra_error).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in LossReason:
+            self.lost_tokens.labels(reason.value)
+        self.delivery = TokenDelivery()
+        """Every finished session's delivery since the server started (the dashboard's)."""
         self.nodes = Gauge(
             "polar_rollout_nodes",
             "Known nodes by state: healthy, draining, drained (and stopped), silent (missed "
@@ -144,6 +167,14 @@ class RolloutMetrics:
         total = timing.get("total")
         if total is not None:
             self.session_seconds.labels(status.value).observe(total)
+
+    def tokens_delivered(self, delivery: TokenDelivery) -> None:
+        """Count a finished session's sampled tokens: delivered, or lost by reason."""
+        self.delivery = self.delivery.plus(delivery)
+        self.sampled_tokens.inc(delivery.sampled_tokens)
+        self.delivered_tokens.inc(delivery.delivered_tokens)
+        for reason, tokens in delivery.lost.by_reason():
+            self.lost_tokens.labels(reason.value).inc(tokens)
 
     def response(self, counts: dict[str, int], nodes: list[tuple[NodeRecord, str]]) -> Response:
         """The scrape's answer, with the state gauges set from ``counts`` (sessions per

@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,7 +38,7 @@ from polar.rollout.access import Access
 from polar.rollout.activity import Activity
 from polar.rollout.callbacks import CallbackSender
 from polar.rollout.config import RolloutServerConfig
-from polar.rollout.dispatch import Dispatch
+from polar.rollout.dispatch import DISPATCH_IN_FLIGHT, Dispatch
 from polar.rollout.events import EventBus
 from polar.rollout.liveness import NodeLiveness
 from polar.rollout.metrics import RolloutMetrics
@@ -48,7 +47,14 @@ from polar.rollout.nodes import NodeRegistry
 from polar.rollout.service_core import failed_result
 from polar.rollout.store import RolloutStore, SessionRow, TaskRow
 from polar.schemas.ids import new_session_id
-from polar.schemas.rollout import CallbackState, EventKind, SessionView, TaskSummary
+from polar.schemas.rollout import (
+    CallbackState,
+    EventKind,
+    ServerStatus,
+    SessionView,
+    TaskCounts,
+    TaskSummary,
+)
 from polar.schemas.task import (
     SessionFailure,
     SessionResult,
@@ -109,6 +115,7 @@ class RolloutService(Dispatch, NodeLiveness):
         )
         self._requests: dict[str, TaskRequest] = {}
         self._sending: dict[str, asyncio.Task[None]] = {}
+        self._dispatch_slots = asyncio.Semaphore(DISPATCH_IN_FLIGHT)
         self._known_status: dict[str, SessionStatus] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._deadlines: dict[str, asyncio.Task[None]] = {}
@@ -352,6 +359,7 @@ class RolloutService(Dispatch, NodeLiveness):
             return False
         self._known_status.pop(result.session_id, None)
         self.metrics.session_finished(result.status, result.timing)
+        self.metrics.tokens_delivered(result.delivery)
         log_event(
             log,
             "session.result",
@@ -402,19 +410,19 @@ class RolloutService(Dispatch, NodeLiveness):
         nodes = [(record, self.node_state(record)) for record in self.nodes.all()]
         return self.metrics.response(counts, nodes)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ServerStatus:
+        """What ``GET /status`` answers (it reads the store: call it off the event loop)."""
         tasks = self.store.tasks()
-        return {
-            "nodes": [v.model_dump() for v in self.node_views()],
-            "tasks": {
-                "running": sum(1 for t in tasks if t.status == TaskStatus.RUNNING),
-                "total": len(tasks),
-            },
-            "sessions": self.store.counts(),
-            "dispatching": len(self._sending),
-            "callbacks_in_flight": self.callbacks.pending,
-            "event_subscribers": self.events.subscribers,
-        }
+        return ServerStatus(
+            nodes=self.node_views(),
+            tasks=TaskCounts(
+                running=sum(1 for t in tasks if t.status == TaskStatus.RUNNING), total=len(tasks)
+            ),
+            sessions=self.store.counts(),
+            dispatching=len(self._sending),
+            callbacks_in_flight=self.callbacks.pending,
+            event_subscribers=self.events.subscribers,
+        )
 
 
 def callback_host_allowed(url: str, hosts: list[str]) -> bool:

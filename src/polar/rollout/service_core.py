@@ -41,6 +41,7 @@ class ServiceCore(ABC):
     callbacks: CallbackSender
     _requests: dict[str, TaskRequest]
     _sending: dict[str, asyncio.Task[None]]
+    _dispatch_slots: asyncio.Semaphore  # bounds dispatch POSTs in flight (dispatch.py)
     _known_status: dict[str, SessionStatus]
     _loops: list[asyncio.Task[None]]
     _deadlines: dict[str, asyncio.Task[None]]

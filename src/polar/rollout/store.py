@@ -18,6 +18,7 @@ from polar.errors import TaskConflict
 from polar.schemas.ids import path_segment
 from polar.schemas.rollout import CallbackState
 from polar.schemas.task import SessionResult, SessionStatus, TaskRequest, TaskStatus
+from polar.schemas.token_delivery import TokenDelivery, settle
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -89,6 +90,8 @@ class Headline:
     reward: float | None
     error: str | None
     seconds: float | None
+    delivery: TokenDelivery | None = None
+    """The session's delivery, settled by its outcome (None: not counted)."""
 
 
 @dataclass(frozen=True)
@@ -213,16 +216,20 @@ class RolloutStore:
             with self._lock:
                 rows = self._db.execute(
                     "SELECT session_id, json_extract(r, '$.reward'), json_extract(r, '$.error'),"
-                    " json_extract(r, '$.timing.total') FROM (SELECT session_id,"
+                    " json_extract(r, '$.timing.total'), json_extract(r, '$.status'),"
+                    " json_extract(r, '$.trajectory.metadata.delivery'),"
+                    " json_extract(r, '$.failure.kind') FROM (SELECT session_id,"
                     " CAST(result AS TEXT) AS r FROM sessions WHERE result IS NOT NULL"
                     f" AND session_id IN ({','.join('?' * len(chunk))}))",
                     chunk,
                 ).fetchall()
-            for sid, reward, error, seconds in rows:
+            for sid, reward, error, seconds, status, built, kind in rows:
+                counted = TokenDelivery.model_validate_json(built) if built else None
                 found[sid] = Headline(
                     reward=float(reward) if reward is not None else None,
                     error=error,
                     seconds=float(seconds) if seconds is not None else None,
+                    delivery=settle(counted, status, kind) if counted else None,
                 )
         return found
 

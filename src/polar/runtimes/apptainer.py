@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Launch
+from polar.runtimes.base import SEED_TIMEOUT_S, Launch
 from polar.runtimes.container_cli import run_cli_checked
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
@@ -39,7 +38,6 @@ from polar.runtimes.gateway_relay import (
     RUN_INSIDE,
 )
 from polar.runtimes.sandboxed import ImageOptions, SandboxedRuntime
-from polar.schemas.task import RuntimeSpec
 
 ENV_PREFIX = "APPTAINERENV_"
 # Where the workspace is bound while an image workspace source is copied into it.
@@ -59,15 +57,8 @@ class ApptainerRuntime(SandboxedRuntime):
     options_model = ApptainerOptions
     options: ApptainerOptions
 
-    def __init__(
-        self,
-        spec: RuntimeSpec,
-        session_dir: Path,
-        gateway_url: str,
-        *,
-        model_api: AsgiApp | None = None,
-    ) -> None:
-        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
+    def _configure(self) -> None:
+        super()._configure()
         if not self.spec.image:
             raise ConfigError("the apptainer runtime needs runtime.image (.sif, dir, docker://)")
         self.apptainer = self.options.apptainer

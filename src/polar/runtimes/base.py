@@ -229,6 +229,12 @@ class Runtime(ABC):
         self._running: dict[str, Child] = {}
         self._started = False
         self._stopped = False
+        self._configure()
+
+    def _configure(self) -> None:
+        """What a kind adds once its options are parsed (its own checks and fields): the one
+        hook a runtime overrides, so the constructor and its signature are written once."""
+        return None
 
     # -- the session directory on the host ---------------------------------------------------
 
@@ -370,12 +376,19 @@ class Runtime(ABC):
         return posixpath.normpath(posixpath.join(self.workdir, path))
 
     async def upload(self, local: Path, remote: str) -> None:
-        """Copy a host file or directory to ``remote`` inside."""
-        await asyncio.to_thread(copy_tree, Path(local), self.host_path(remote))
+        """Copy a host file or directory to ``remote`` inside, never through a link in the
+        sandbox's tree (the host side is the caller's own path, taken as it stands)."""
+        local = Path(local).absolute()
+        root, target = self.host_root(remote), self.host_path(remote)
+        await asyncio.to_thread(copy_tree, local, target, src_root=local.parent, dst_root=root)
 
     async def download(self, remote: str, local: Path) -> None:
-        """Copy ``remote`` (file or directory) from inside to the host path ``local``."""
-        await asyncio.to_thread(copy_tree, self.host_path(remote), Path(local))
+        """Copy ``remote`` (file or directory) from inside to the host path ``local``, never
+        through a link in any component of ``remote`` beneath the workspace or home."""
+        local = Path(local).absolute()
+        root, source = self.host_root(remote), self.host_path(remote)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(copy_tree, source, local, src_root=root, dst_root=local.parent)
 
     async def make_dirs(self, *paths: str) -> None:
         """Make each directory (inside paths) with its parents, never through a link the
@@ -388,6 +401,11 @@ class Runtime(ABC):
         """Where an inside path lives on the host; only the workspace and home are mapped."""
         root, rel = self._mapped(remote)
         return _within(root, root / rel, remote)
+
+    def host_root(self, remote: str) -> Path:
+        """The host directory (workspace or home) that holds ``remote``: host-side reads and
+        writes of ``remote`` resolve beneath it (:mod:`polar.runtimes.safe_files`)."""
+        return self._mapped(remote)[0]
 
     def _mapped(self, remote: str) -> tuple[Path, str]:
         """The host directory that holds ``remote`` (workspace or home) and the path below it."""

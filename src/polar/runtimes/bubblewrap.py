@@ -42,7 +42,7 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import AsgiApp, Launch, tail_text
+from polar.runtimes.base import Launch, tail_text
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
@@ -50,7 +50,6 @@ from polar.runtimes.gateway_relay import (
 )
 from polar.runtimes.limits import limit_prefix, limit_tools
 from polar.runtimes.sandboxed import SandboxedOptions, SandboxedRuntime
-from polar.schemas.task import RuntimeSpec
 
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -149,15 +148,8 @@ class BubblewrapRuntime(SandboxedRuntime):
     options_model = BubblewrapOptions
     options: BubblewrapOptions
 
-    def __init__(
-        self,
-        spec: RuntimeSpec,
-        session_dir: Path,
-        gateway_url: str,
-        *,
-        model_api: AsgiApp | None = None,
-    ) -> None:
-        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
+    def _configure(self) -> None:
+        super()._configure()
         if self.spec.image:
             raise ConfigError(
                 "the bubblewrap runtime runs on the host's read-only system; runtime.image "

@@ -40,16 +40,16 @@ from pathlib import Path
 from pydantic import Field
 
 from polar.errors import ConfigError, RuntimeStartError
-from polar.runtimes.base import SEED_TIMEOUT_S, AsgiApp, Capabilities, Launch
+from polar.runtimes.base import SEED_TIMEOUT_S, Capabilities, Launch
 from polar.runtimes.container_cli import run_cli, run_cli_checked
 from polar.runtimes.gateway_relay import (
     FORWARDER_INSIDE,
     FORWARDER_SOURCE,
     RUN_INSIDE,
 )
+from polar.runtimes.safe_files import hand_over_tree
 from polar.runtimes.sandboxed import ImageOptions, SandboxedRuntime
 from polar.runtimes.spawn import Child
-from polar.schemas.task import RuntimeSpec
 
 EXEC_ID_VAR = "POLAR_EXEC_ID"
 # Kills every process whose environment carries one of the given exec ids ($@).
@@ -80,15 +80,8 @@ class DockerRuntime(SandboxedRuntime):
     options_model = DockerOptions
     options: DockerOptions
 
-    def __init__(
-        self,
-        spec: RuntimeSpec,
-        session_dir: Path,
-        gateway_url: str,
-        *,
-        model_api: AsgiApp | None = None,
-    ) -> None:
-        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
+    def _configure(self) -> None:
+        super()._configure()
         if not self.spec.image:
             raise ConfigError("the docker runtime needs runtime.image")
         self.docker = self.options.docker
@@ -227,16 +220,14 @@ class DockerRuntime(SandboxedRuntime):
         await super().download(remote, local)
 
     def _hand_over(self, *paths: Path) -> None:
-        """Make ``paths`` (trees) writable by the container's user."""
-        owner = _numeric_owner(self.user)
+        """Make ``paths`` (trees in the workspace or home) writable by the container's user,
+        never through a link the container planted."""
+        owner = _numeric_owner(self.user) if os.geteuid() == 0 else None
         for top in paths:
-            for path in _walk(top):
-                if owner is not None and os.geteuid() == 0:
-                    os.chown(path, *owner, follow_symlinks=False)
-                elif not path.is_symlink():
-                    mode = path.stat().st_mode
-                    extra = 0o777 if path.is_dir() or mode & 0o111 else 0o666
-                    path.chmod(mode | extra)
+            root = self.workspace_path if top.is_relative_to(self.workspace_path) else None
+            if root is None and top.is_relative_to(self.home_path):
+                root = self.home_path
+            hand_over_tree(top, owner, root=root)
 
     async def _cp(self, src: str, dst: str) -> None:
         code, _, err = await run_cli(self.cp_argv(src, dst))
@@ -252,11 +243,3 @@ def _numeric_owner(user: str | None) -> tuple[int, int] | None:
     if not uid.isdigit() or (gid and not gid.isdigit()):
         return None
     return int(uid), int(gid or uid)
-
-
-def _walk(top: Path) -> list[Path]:
-    if not top.exists():
-        return []
-    if not top.is_dir() or top.is_symlink():
-        return [top]
-    return [top, *top.rglob("*")]

@@ -48,6 +48,14 @@ SANDBOX_LIMITS = ServerLimits(
 )
 
 
+def relay_descriptors(sandboxes: int) -> int:
+    """The descriptors the relays of ``sandboxes`` sandboxes may hold at once in the gateway
+    process: each its listening socket and up to ``SANDBOX_LIMITS.max_connections`` accepted
+    ones (a node's relays serve the model-API view in-process: no second socket per
+    connection), which a node's own connection cap must leave free."""
+    return sandboxes * (1 + SANDBOX_LIMITS.max_connections)
+
+
 class GatewayRelay:
     """Listens on a unix socket in the session's run dir: serves ``model_api`` there, or
     without one splices each connection to the gateway's host:port."""

@@ -53,6 +53,14 @@ class LocalRuntime(Runtime):
         """Inside and host views are the same here."""
         return Path(self.inside_path(remote))
 
+    def host_root(self, remote: str) -> Path:
+        """The workspace or home that holds ``remote``; any other path (this runtime has no
+        isolation, so nothing outside those is the harness's) is taken from its parent."""
+        try:
+            return super().host_root(remote)
+        except ValueError:
+            return self.host_path(remote).parent
+
     async def _boot(self) -> None:
         for tool in limit_tools(self.spec):
             if shutil.which(tool) is None:

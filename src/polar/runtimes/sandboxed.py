@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
-from polar.runtimes.base import AsgiApp, Capabilities, Runtime, RuntimeOptions
+from polar.runtimes.base import Capabilities, Runtime, RuntimeOptions
 from polar.runtimes.gateway_relay import DEFAULT_PORT_INSIDE, GatewayRelay
-from polar.schemas.task import RuntimeSpec
 
 
 class SandboxedOptions(RuntimeOptions):
@@ -34,21 +31,14 @@ class SandboxedRuntime(Runtime):
     options_model = SandboxedOptions
     options: SandboxedOptions
 
-    def __init__(
-        self,
-        spec: RuntimeSpec,
-        session_dir: Path,
-        gateway_url: str,
-        *,
-        model_api: AsgiApp | None = None,
-    ) -> None:
-        super().__init__(spec, session_dir, gateway_url, model_api=model_api)
+    def _configure(self) -> None:
+        super()._configure()
         self.relay = (
             GatewayRelay(
-                gateway_url,
+                self.gateway_url,
                 self.run_path,
                 port_inside=self.options.gateway_port,
-                model_api=model_api,
+                model_api=self.model_api,
             )
             if self.spec.network == "gateway"
             else None

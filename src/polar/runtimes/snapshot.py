@@ -10,7 +10,6 @@ holds the files a remote runtime fetched (from an archive or its service's listi
 
 from __future__ import annotations
 
-import os
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -22,6 +21,7 @@ from polar.runtimes.safe_files import (
     MAX_FILE_BYTES,
     UnsafeFile,
     copy_regular,
+    entry_beneath,
     read_regular,
     same_content,
     walk,
@@ -62,12 +62,12 @@ class WorkspaceSnapshot(ABC):
     def read(self, rel: str, limit: int = MAX_FILE_BYTES) -> bytes:
         """A regular file's bytes; :class:`UnsafeFile` for anything else or past ``limit``."""
 
-    def copy_to(self, rel: str, dst: Path) -> None:
+    def copy_to(self, rel: str, dst: Path, *, dst_root: Path | None = None) -> None:
         """Write the regular file at ``rel`` over ``dst`` (a regular file or nothing, never a
-        link), with its executable bit."""
+        link, reached beneath ``dst_root``), with its executable bit."""
         entry = self.entry(rel)
         mode = 0o755 if entry is not None and entry.executable else 0o644
-        write_regular(dst, self.read(rel), mode)
+        write_regular(dst, self.read(rel), mode, root=dst_root)
 
     def same_file(self, rel: str, other: WorkspaceSnapshot) -> bool:
         """Whether both trees hold a regular file with the same bytes at ``rel``."""
@@ -78,38 +78,45 @@ class WorkspaceSnapshot(ABC):
 
 
 class HostSnapshot(WorkspaceSnapshot):
-    """A workspace the host sees as a directory, read through ``safe_files`` (no FIFO blocks
-    it, no link is followed, no tree runs away)."""
+    """A workspace the host sees as a directory, read through ``safe_files`` beneath its root:
+    no FIFO blocks it, no link is followed in any component of a path (``sub -> /etc`` makes
+    ``sub/passwd`` no entry of the tree), no tree runs away."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
     def walk(self, skip: Callable[[str], bool] = _never) -> Iterator[tuple[str, SnapshotEntry]]:
         for rel, found in walk(self.root, skip):
-            yield rel, _host_entry(Path(found.path), found.stat(follow_symlinks=False).st_mode)
+            yield rel, _host_entry(found.mode, found.target)
 
     def entry(self, rel: str) -> SnapshotEntry | None:
         path = self.root / rel
         try:
-            return _host_entry(path, path.lstat().st_mode)
+            found = entry_beneath(path, self.root)
+            return _host_entry(found.mode, found.target)
         except (FileNotFoundError, NotADirectoryError):  # a file stands where a parent would
+            return None
+        except UnsafeFile:  # a link stands where a parent would: the path is not in the tree
             return None
 
     def read(self, rel: str, limit: int = MAX_FILE_BYTES) -> bytes:
-        return read_regular(self.root / rel, limit)
+        return read_regular(self.root / rel, limit, root=self.root)
 
-    def copy_to(self, rel: str, dst: Path) -> None:
-        copy_regular(self.root / rel, dst)  # streamed, with the permission bits and times
+    def copy_to(self, rel: str, dst: Path, *, dst_root: Path | None = None) -> None:
+        # streamed, with the permission bits and times
+        copy_regular(self.root / rel, dst, src_root=self.root, dst_root=dst_root)
 
     def same_file(self, rel: str, other: WorkspaceSnapshot) -> bool:
-        if isinstance(other, HostSnapshot):
-            return same_content(self.root / rel, other.root / rel)  # streamed, not held
+        if isinstance(other, HostSnapshot):  # streamed, not held
+            return same_content(
+                self.root / rel, other.root / rel, root_a=self.root, root_b=other.root
+            )
         return super().same_file(rel, other)
 
 
-def _host_entry(path: Path, mode: int) -> SnapshotEntry:
+def _host_entry(mode: int, target: str) -> SnapshotEntry:
     if stat.S_ISLNK(mode):
-        return SnapshotEntry("link", target=os.readlink(path))
+        return SnapshotEntry("link", target=target)
     if stat.S_ISDIR(mode):
         return SnapshotEntry("dir")
     if stat.S_ISREG(mode):

@@ -10,10 +10,17 @@ runtimes map the workspace there). The methods block: callers run them in a work
 
 from __future__ import annotations
 
-import shutil
+import stat
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from polar.runtimes.safe_files import (
+    lstat_beneath,
+    make_dirs,
+    make_link,
+    remove_beneath,
+    remove_empty_dir_beneath,
+)
 from polar.runtimes.snapshot import WorkspaceSnapshot
 
 
@@ -41,36 +48,35 @@ class WorkspaceWriter(ABC):
 
 
 class HostWriter(WorkspaceWriter):
-    """A workspace the host sees as a directory. Files are written through
-    :mod:`polar.runtimes.safe_files` (never through a link), links are made as links."""
+    """A workspace the host sees as a directory. Every change is made beneath its root
+    through :mod:`polar.runtimes.safe_files`: no file is written, no directory made or
+    removed, through a link in any component (the fresh tree may hold links of its own)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
     def remove(self, rel: str) -> None:
-        path = self.root / rel
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+        remove_beneath(self.root / rel, root=self.root)
 
     def write(self, rel: str, source: WorkspaceSnapshot) -> None:
-        source.copy_to(rel, self._clear(rel))  # a FIFO, device or huge file is an OSError
+        # a FIFO, device or huge file is an OSError
+        source.copy_to(rel, self._clear(rel), dst_root=self.root)
 
     def link(self, rel: str, target: str) -> None:
-        self._clear(rel).symlink_to(target)
+        make_link(self._clear(rel), target, root=self.root)
 
     def remove_empty_dir(self, rel: str) -> bool:
-        try:
-            (self.root / rel).rmdir()
-        except OSError:
-            return False
-        return True
+        return remove_empty_dir_beneath(self.root / rel, root=self.root)
 
     def _clear(self, rel: str) -> Path:
         dst = self.root / rel
-        if dst.is_dir() and not dst.is_symlink():
-            dst.rmdir()  # a directory the agent replaced by a file; fails if still in use
-        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            is_dir = stat.S_ISDIR(lstat_beneath(dst, self.root).st_mode)
+        except FileNotFoundError:
+            is_dir = False
+        if is_dir and not remove_empty_dir_beneath(dst, root=self.root):
+            # a directory the agent replaced by a file; still in use
+            raise IsADirectoryError(f"{dst} is a directory that is not empty")
+        make_dirs(self.root, str(dst.parent.relative_to(self.root)))
         self.remove(rel)
         return dst

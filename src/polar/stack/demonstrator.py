@@ -20,15 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from polar.engines.model_files import load_tokenizer
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import ScriptedEngine
 from polar.engines.scripted_backend import ScriptedBackend
 from polar.engines.scripted_script import ConversationScript, ScriptedReply
 from polar.errors import ConfigError
 from polar.harnesses.base import ShellTool
-from polar.harnesses.bundled import AGENT
-from polar.harnesses.registry import CLI_PRESETS, create_harness
+from polar.harnesses.registry import create_harness, local_presets
+from polar.rendering.model_files import load_tokenizer
 from polar.stack.plan import EngineHandle
 from polar.swe.instances import SWEInstance
 
@@ -41,11 +40,13 @@ _DELIMITER = "POLAR_GOLD_PATCH"
 
 def shell_tool(harness: str) -> ShellTool:
     """The shell tool the demonstrator calls: the preset's own (a CLI's or the bundled agent's)."""
-    tool = create_harness(harness).shell_tool if harness in (*CLI_PRESETS, AGENT) else None
+    known = local_presets()
+    tool = create_harness(harness).shell_tool if harness in known else None
     if tool is None:
+        able = [name for name in known if create_harness(name).shell_tool is not None]
         raise ConfigError(
             f"the demonstrator drives a harness through its shell tool; {harness!r} names none "
-            f"(use {', '.join((*CLI_PRESETS, AGENT))})"
+            f"(use {', '.join(able)})"
         )
     return tool
 

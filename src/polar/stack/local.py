@@ -227,7 +227,9 @@ class LocalStack:
         self.gateway_app = create_gateway_app(
             config, engine=self.engine, store=CaptureStore(self.capture_db)
         )
-        self.gateway = BackgroundServer(self.gateway_app, loop=self.loop, sock=sock).start()
+        self.gateway = BackgroundServer(
+            self.gateway_app, loop=self.loop, sock=sock, limits=config.server_limits()
+        ).start()
 
     def _wait_for_node(self, timeout_s: float = 30.0) -> None:
         token = self.rollout_token

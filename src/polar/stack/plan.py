@@ -19,35 +19,22 @@ import httpx
 
 from polar.engines.base import Engine
 from polar.engines.embedded.options import DEFAULT_MODEL, TINY_MODEL, served_model_name
-from polar.engines.model_files import smollm2_gguf_path
 from polar.engines.registry import EngineConfig, create_engine
 from polar.errors import ConfigError, HarnessError
 from polar.harnesses.bundled import AGENT, agent_spec
 from polar.harnesses.install import default_prefix, install, installed_names
-from polar.harnesses.pi import COMPACT_SETTINGS
-from polar.harnesses.registry import CLI_PRESETS
+from polar.harnesses.registry import create_harness, local_presets
+from polar.rendering.model_files import smollm2_gguf_path
 from polar.runtimes.registry import binds_host_paths
 from polar.schemas.task import AgentSpec, RuntimeSpec
 from polar.stack.loading import LoadingEngine, ModelLoad
 
 DEFAULT_HARNESS = "pi"
-# On a CPU every prompt token costs, so the quickstart runs Pi compact (a one-line prompt and
-# the two tools the suite needs); ``stock_prompt`` keeps Pi as it ships.
-PI_COMPACT = COMPACT_SETTINGS
-# Presets whose CLI has a turn limit, and the setting that sets it; the others get the
-# gateway's (``agent.max_model_calls``).
-MAX_TURNS_SETTING = {
-    "claude_code": "max_turns",
-    "gemini_cli": "max_turns",
-    "qwen_code": "max_turns",
-}
 _PROBE_TIMEOUT_S = 20.0
 _TRIAL_SANDBOX = [
     *("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"),
     *("--unshare-pid", "--unshare-net", "--die-with-parent", "true"),
 ]
-# Presets light enough for the embedded engine (SmolLM2's 8k context, a CPU).
-LIGHT_HARNESSES = (DEFAULT_HARNESS, AGENT)
 
 Echo = Callable[[str], None]
 
@@ -106,39 +93,35 @@ class HarnessPlan:
 def choose_harness(
     requested: str, *, max_turns: int, model_name: str, stock_prompt: bool, echo: Echo
 ) -> HarnessPlan:
-    """The plan for ``requested`` (a preset or ``agent``), installing its CLI if needed.
+    """The plan for ``requested`` (any preset that runs unconfigured), installing its CLI if
+    needed. A light preset starts from its compact settings unless ``stock_prompt``.
 
     Pi without npm to install it falls back to the bundled agent, with a warning; any other
     preset without its CLI is an error, since the user asked for that harness by name.
     """
-    if requested == AGENT:
-        return agent_plan(max_turns, model_name)
-    if requested not in CLI_PRESETS:
-        known = ", ".join((*CLI_PRESETS, AGENT))
-        raise ConfigError(f"unknown quickstart harness {requested!r} (known: {known})")
-    prefix = default_prefix()
-    if requested not in installed_names(prefix):
-        if shutil.which("npm") is None:
-            if requested != DEFAULT_HARNESS:
-                raise HarnessError(
-                    f"{requested} is not installed and npm is not there to install it"
+    known = local_presets()
+    if requested not in known:
+        raise ConfigError(f"unknown quickstart harness {requested!r} (known: {', '.join(known)})")
+    preset = create_harness(requested)
+    binds: list[str] = []
+    if preset.npm_package is not None:
+        prefix = default_prefix()
+        if requested not in installed_names(prefix):
+            if shutil.which("npm") is None:
+                if requested != DEFAULT_HARNESS:
+                    raise HarnessError(
+                        f"{requested} is not installed and npm is not there to install it"
+                    )
+                plan = agent_plan(max_turns, model_name)
+                warning = (
+                    "npm not found, so Pi cannot be installed: running the bundled Python agent"
                 )
-            plan = agent_plan(max_turns, model_name)
-            warning = "npm not found, so Pi cannot be installed: running the bundled Python agent"
-            return HarnessPlan(plan.name, plan.agent, plan.binds, plan.notes, [warning])
-        install([requested], prefix, echo=echo)
-    settings: dict[str, Any] = {}
-    if requested == "pi" and not stock_prompt:
-        settings.update(PI_COMPACT)
-    cap = None
-    if requested in MAX_TURNS_SETTING:
-        settings[MAX_TURNS_SETTING[requested]] = max_turns
-    else:  # no turn limit of its own: the gateway enforces one
-        cap = max_turns
-    agent = AgentSpec(
-        harness=requested, model_name=model_name, settings=settings, max_model_calls=cap
-    )
-    return HarnessPlan(requested, agent, [str(prefix)])
+                return HarnessPlan(plan.name, plan.agent, plan.binds, plan.notes, [warning])
+            install([requested], prefix, echo=echo)
+        binds = [str(prefix)]
+    compact = preset.light and not stock_prompt
+    agent = preset.agent_spec(max_turns=max_turns, model_name=model_name, compact=compact)
+    return HarnessPlan(requested, agent, binds)
 
 
 def agent_plan(max_turns: int, model_name: str) -> HarnessPlan:
@@ -270,7 +253,7 @@ def _remote_engine(
     context = next((m.get("max_model_len") for m in listed if m.get("id") == name), None)
     tokenizer = None
     if tokenizer_path:
-        from polar.engines.model_files import load_tokenizer
+        from polar.rendering.model_files import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_path)
     return EngineHandle(

@@ -38,7 +38,9 @@ def serve_gateway(config: GatewayConfig) -> tuple[str, BackgroundServer]:
     from polar.gateway.listen import bind_gateway
 
     config, sock = bind_gateway(config)
-    server = BackgroundServer(create_app(config), host=config.host, sock=sock, limits=config.limits)
+    server = BackgroundServer(
+        create_app(config), host=config.host, sock=sock, limits=config.server_limits()
+    )
     return config.base_url(), server.start()
 
 

@@ -65,3 +65,10 @@ class AlgorithmConfig(BaseModel):
 
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="When the trainer takes a session, mask (reason 'stale') every call "
+        "sampled at a policy version older than the trainer's current one minus this "
+        "(judged at consumption, whatever the builder masked); null: no call is stale.",
+    )

@@ -12,11 +12,14 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from polar.schemas.trajectory import MaskReason, Trace
+
+if TYPE_CHECKING:
+    from polar.training.staleness import Consumed
 
 log = logging.getLogger("polar.training")
 
@@ -26,11 +29,15 @@ WARM_START_FILE = "warm_start.jsonl"
 PLOT_FILE = "reward_curve.png"
 
 
-def staleness(traces: Iterable[Trace], policy_version: int) -> dict[str, Any]:
-    """How far behind ``policy_version`` a step's sampled turns were, and what was masked.
+def staleness(
+    traces: Iterable[Trace], policy_version: int, consumed: Consumed | None = None
+) -> dict[str, Any]:
+    """How far behind ``policy_version`` (the trainer's, at consumption) a step's sampled
+    turns were, and what was masked.
 
-    Turns masked ``stale`` (the builder's ``max_staleness``) are counted, not dropped; the lag
-    of every call with a recorded version is reported, masked or not.
+    Turns masked ``stale`` (by the builder, or by the trainer's ``max_staleness`` when it took
+    the session) are counted, not dropped; ``consumed`` says how many of them the trainer
+    masked itself. The lag of every call with a recorded version is reported, masked or not.
     """
     turns = tokens = 0
     lags: list[int] = []
@@ -45,6 +52,8 @@ def staleness(traces: Iterable[Trace], policy_version: int) -> dict[str, Any]:
         "stale_tokens": tokens,
         "version_lag_max": max(lags, default=0),
         "version_lag_mean": sum(lags) / len(lags) if lags else 0.0,
+        "masked_at_consumption_turns": consumed.masked_calls if consumed else 0,
+        "masked_at_consumption_tokens": consumed.masked_tokens if consumed else 0,
     }
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from polar.client import RolloutClient
+from polar.engines.embedded.kv_cache import cache_keyword
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import ScriptedEngine
 from polar.engines.scripted_backend import ScriptedBackend
@@ -141,7 +142,9 @@ def sft_loss(
         cache = module.base_model(input_ids=ids[:1, :shared], use_cache=True).past_key_values
         cache.batch_repeat_interleave(len(rows))
     hidden = module.base_model(
-        input_ids=ids[:, shared:], attention_mask=attention, past_key_values=cache
+        input_ids=ids[:, shared:],
+        attention_mask=attention,
+        **{cache_keyword(module.base_model): cache},
     )[0]
     # the hidden state at p predicts token p + 1; only the masked targets go through the LM
     # head (a fifth of a small model's compute, and most of its memory at 49k vocabulary)

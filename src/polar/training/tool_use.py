@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.errors import ConfigError
-from polar.harnesses import codex, pi
 from polar.runtimes.registry import binds_host_paths
 from polar.schemas.task import TaskRequest
 
@@ -175,9 +174,9 @@ def tool_use(
     must be evaluated on the same chores pin it (bench/grpo_only.py).
     """
     from polar.harnesses.install import default_prefix
-    from polar.harnesses.registry import CLI_PRESETS, create_harness
+    from polar.harnesses.registry import create_harness, local_presets
 
-    if harness not in CLI_PRESETS or create_harness(harness).shell_tool is None:
+    if harness not in local_presets() or create_harness(harness).shell_tool is None:
         raise ConfigError(f"tool_use needs a harness preset with a shell tool, not {harness!r}")
     by_kind = [split_chores(split, (kind,)) for kind in kinds or KINDS]
     if split == "eval":  # the same tasks every time, the kinds taking turns
@@ -195,7 +194,7 @@ def tool_use(
     if binds_host_paths(runtime):
         runtime_spec["options"] = {"ro_binds": ro_binds or [str(default_prefix())]}
     if settings is None:
-        settings = {"pi": pi.COMPACT_SETTINGS, "codex": codex.COMPACT_SETTINGS}.get(harness, {})
+        settings = dict(create_harness(harness).compact_settings)
     tasks = []
     for i, chore in enumerate(chosen):
         tasks.append(

@@ -42,6 +42,8 @@ from polar.engines.embedded import EmbeddedEngineCore, LoadedModel, load_model
 from polar.errors import ConfigError
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import SessionResult, TaskRequest
+from polar.schemas.token_delivery import TokenDelivery
+from polar.schemas.trajectory import TraceStats
 from polar.stack.local import LocalStack
 from polar.training import allocator
 from polar.training.advantages import ScoredTrace, compute_advantages, samples_from_results
@@ -58,6 +60,7 @@ from polar.training.gateway_control import GatewayControl
 from polar.training.losses import clipped_policy_loss, loss_weights
 from polar.training.metrics import MetricsLog, plot_rewards, staleness
 from polar.training.sft import SFT_FILE, demonstrate, fine_tune
+from polar.training.staleness import mask_stale_samples
 from polar.training.tasks import task_source
 from polar.training.trainer_config import TrainConfig
 from polar.training.turn_credit import turn_reward_report
@@ -203,16 +206,22 @@ class EmbeddedTrainer:
         started: float | None = None,
     ) -> dict[str, Any]:
         """One update on finished sessions: this step's, or sessions that kept running across
-        earlier updates (their calls carry older policy versions; the builder's
-        ``max_staleness`` masked the too-stale ones and ``staleness`` reports the lag)."""
+        earlier updates (their calls carry older policy versions). Staleness is judged here,
+        at consumption: ``algorithm.max_staleness`` masks every call too far behind the
+        trainer's version now (:mod:`polar.training.staleness`), on top of what the builder
+        masked, and ``staleness`` reports the lag at consumption."""
         cfg = self.config
         rolled = time.perf_counter()
         started = rolled if started is None else started
         step = self.step + 1
-        samples = samples_from_results(results)
+        samples, consumed = mask_stale_samples(
+            samples_from_results(results),
+            self.core.policy_version,
+            cfg.algorithm.max_staleness,
+        )
         scored, report = compute_advantages(samples, cfg.algorithm.advantage)
         weights = loss_weights(scored, cfg.algorithm.loss.normalisation)
-        lag = staleness((s.trace for s in scored), self.core.policy_version)
+        lag = staleness((s.trace for s in scored), self.core.policy_version, consumed)
         with self._training(control):
             update = self._update(scored, weights)
         self.step = step
@@ -446,12 +455,8 @@ class EmbeddedTrainer:
             for row, i in enumerate(group):
                 s, w = pairs[i]
                 n = len(s.trace.response_ids)
-                trace = s.trace.model_copy(
-                    update={
-                        "response_logprobs": logp[row, :n].tolist(),
-                        "metadata": {**s.trace.metadata, "behaviour_logprobs": "recomputed"},
-                    }
-                )
+                marked = s.trace.with_stats(TraceStats(behaviour_logprobs="recomputed"))
+                trace = marked.model_copy(update={"response_logprobs": logp[row, :n].tolist()})
                 filled[i] = (replace(s, trace=trace), w)
         return filled
 
@@ -510,12 +515,16 @@ def _outcomes(results: Sequence[SessionResult]) -> dict[str, Any]:
     rewards = [r.reward for r in results if r.reward is not None]
     passed = [r.passed for r in results]
     statuses = Counter(r.status.value for r in results)
+    delivery = TokenDelivery.total(r.delivery for r in results)
     return {
         "sessions": len(results),
         "statuses": dict(statuses),
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "pass_rate": sum(passed) / len(passed) if passed else 0.0,
+        # the share of sampled tokens that reached a trainable trace, and where the rest went
+        "delivered_fraction": delivery.fraction or 0.0,
+        "delivery": delivery.metrics(),
         **_session_shape(results),
     }
 

@@ -81,8 +81,9 @@ def parse_config(model: type[ConfigT], spec: TurnRewardSpec) -> ConfigT:
 
 
 # The next call of the same agent: it extends the call's prompt, or rewrites its history (a
-# template that drops past reasoning) and still carries the tool results.
-_SAME_AGENT = (Relation.CONTINUES, Relation.REWRITES)
+# template that drops past reasoning, a compaction's summary request without the tools) and
+# still carries the tool results.
+_SAME_AGENT = (Relation.CONTINUES, Relation.REWRITES, Relation.SUMMARY)
 
 
 def session_turns(records: Sequence[CaptureRecord], tree: SessionTree | None = None) -> list[Turn]:

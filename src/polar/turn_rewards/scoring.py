@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from polar.capture.records import CaptureRecord
-from polar.schemas.trajectory import Trajectory, TurnReward
+from polar.schemas.trajectory import Trajectory, TrajectoryStats, TurnReward
 from polar.turn_rewards.base import TurnRewardHook, TurnScore, session_turns
 
 Scores = dict[str, list[tuple[str, TurnScore]]]
@@ -26,7 +26,8 @@ async def score_session(
 
 
 def attach_turn_rewards(trajectory: Trajectory, scores: Scores) -> int:
-    """Put each score on the trace holding its call, over the call's sampled tokens.
+    """Put each score on the trace holding its call, over the call's sampled tokens, and state
+    their number as the trajectory's ``turn_rewards``.
 
     Returns how many turn rewards were attached. ``call_spans`` (from the builder) locate each
     call's sampled ids in its trace's response.
@@ -47,4 +48,5 @@ def attach_turn_rewards(trajectory: Trajectory, scores: Scores) -> int:
                     )
                 )
                 attached += 1
+    trajectory.metadata = trajectory.with_stats(TrajectoryStats(turn_rewards=attached)).metadata
     return attached

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.engines.base import Engine
 from polar.schemas.task import TurnRewardSpec
-from polar.trajectory.lineage import content_text
+from polar.trajectory.messages import content_text
 from polar.turn_rewards.base import Turn, TurnRewardHook, TurnScore, parse_config
 
 DEFAULT_PATTERNS = [

@@ -89,3 +89,44 @@ def test_written_forms_agree(tmp_path: Path) -> None:
     console.print(acceptance_table(report))
     shown = console.export_text()
     assert "beta/beta" in shown and "100.0%" in shown and "50.0%" in shown
+
+
+def test_the_report_shows_the_delivered_fraction_with_its_reasons(tmp_path: Path) -> None:
+    from polar.generation.attempts import Spend, attempt_record
+    from polar.schemas.token_delivery import LostTokens, TokenDelivery
+
+    from .results import result
+
+    done = result(session_id="ps-1", sample=0)
+    timed_out = result(session_id="ps-2", sample=1, status=SessionStatus.TIMEOUT, passed=False)
+    records = [
+        attempt_record(
+            r, instance_id="i", attempt=n, repo="acme/alpha", run=1, stored="r", spend=Spend()
+        )
+        for n, r in enumerate(
+            r.model_copy(
+                update={
+                    "trajectory": r.trajectory.model_copy(
+                        update={
+                            "metadata": {"delivery": {"sampled_tokens": 3, "delivered_tokens": 3}}
+                        }
+                    )
+                }
+            )
+            for r in (done, timed_out)
+        )
+    ]
+    records.append(RECORDS[-1])  # a ledger line from before delivery was counted
+    report = acceptance(records)
+    assert report.total.delivery == TokenDelivery(
+        sampled_tokens=6,
+        delivered_tokens=3,
+        lost=LostTokens(timeout=3),
+        sessions=3,
+        unknown_sessions=1,
+    )
+    text = markdown(report)
+    assert "| 50.0% |" in text
+    assert "delivered 50.0% of 6 sampled tokens (lost: timeout 3); 1 session(s) not counted" in text
+    back = AttemptRecord.model_validate_json(records[1].model_dump_json())
+    assert back.delivery == records[1].delivery

@@ -115,3 +115,49 @@ def test_a_run_without_trajectories_still_reports(tmp_path):
     page = render(tmp_path, [])
     assert "No trajectories." in page
     assert "<th>task \\ sample</th><th>mean</th>" in page
+
+
+def test_the_summary_and_the_report_show_the_delivered_fraction(tmp_path, results):
+    from polar.quickstart.summary import summary_table
+    from polar.schemas.token_delivery import LostTokens, TokenDelivery
+
+    counted = {"num_calls": 2, "delivery": {"sampled_tokens": 5, "delivered_tokens": 3}}
+    counted["delivery"]["lost"] = {"side_call": 2}
+    first = results[0]
+    trajectory = first.trajectory.model_copy(update={"metadata": counted})
+    timed_out = session(
+        "c", 2, status=SessionStatus.TIMEOUT, trajectory=trajectory, timing={"total": 1.0}
+    )
+    results = [first.model_copy(update={"trajectory": trajectory}), timed_out, results[1]]
+    summary = summarize(results, {}, wall_s=1.0, facts={})
+    assert summary.total.delivery == TokenDelivery(
+        sampled_tokens=10,
+        delivered_tokens=3,
+        lost=LostTokens(side_call=4, timeout=3),
+        sessions=3,
+        unknown_sessions=1,
+    )
+    assert summary.as_dict()["total"]["delivery"]["fraction"] == 0.3
+    caption = str(summary_table(summary).caption)
+    assert "delivered 30.0% of 10 sampled tokens (lost: side call 4, timeout 3)" in caption
+    page = write_report(tmp_path / "r.html", summary, results).read_text()
+    assert "30.0%" in page and "side_call 4, timeout 3" in page
+
+
+def test_the_summary_table_fits_the_quickstart_console_untruncated(results):
+    """The table (with its delivered column) is printed whole at the width the quickstart's
+    console has when its output is not a terminal (CI logs, pipes): no cell cut to '…'."""
+    from rich.console import Console
+
+    from polar.cli.local_run import run_console
+    from polar.cli.quickstart import CONSOLE_WIDTH
+    from polar.quickstart.summary import summary_table
+
+    named = [r.model_copy(update={"task_id": "add-numbers"}) for r in results]
+    summary = summarize(named, {}, wall_s=1.0, facts={})
+    width = run_console(CONSOLE_WIDTH, loads_model=False, parquet_file="x").width
+    console = Console(width=width, record=True, force_terminal=False)
+    console.print(summary_table(summary))
+    text = console.export_text()
+    assert "…" not in text
+    assert "add-numbers" in text and "delivered" in text

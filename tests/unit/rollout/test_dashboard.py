@@ -274,3 +274,36 @@ def test_activity_counts_sessions_calls_and_sampled_tokens() -> None:
     assert activity.rates(60).sessions_per_min == 0 and activity.total == 3
     activity.record(SessionResult(session_id="ps-9", task_id="t", status=SessionStatus.ERROR))
     assert sum(activity.histogram()) == 1  # older ones left the window
+
+
+def test_tasks_and_the_overview_show_the_delivered_fraction_and_its_reasons(
+    server: Server,
+) -> None:
+    from polar.schemas.task import SessionFailure
+
+    service = server.service
+    submit(server, "t3", 3)
+    sessions = httpx.get(f"{server.url}/tasks/t3/sessions", headers=server.admin).json()
+    counted = {"sampled_tokens": 100, "delivered_tokens": 90, "lost": {"stale": 10}}
+    built = Trajectory(status=TrajectoryStatus.COMPLETED, metadata={"delivery": counted})
+    outcomes = [
+        (SessionStatus.COMPLETED, None),
+        (SessionStatus.ERROR, SessionFailure(kind="evaluator", reason="evaluator_failed")),
+    ]
+    for (status, failure), session in zip(outcomes, sessions, strict=False):
+        result = SessionResult(
+            session_id=session["session_id"],
+            task_id="t3",
+            status=status,
+            trajectory=built,
+            failure=failure,
+            reward=1.0 if failure is None else None,
+        )
+        service.store.finish(result)
+        service.metrics.tokens_delivered(result.delivery)
+    with server.viewer() as browser:
+        task = browser.get("/dashboard/tasks/t3").text
+        assert ">45.0%</span>" in task  # 90 of 200
+        assert "lost: evaluator failure 90, stale 20</div>" in task
+        overview = browser.get("/dashboard").text
+        assert "<b>45.0%</b><span>sampled tokens delivered (lost: evaluator failure 90" in overview

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from polar.gateway.config import NodeConfig
-from polar.gateway.lifecycle import (
+from polar.gateway.node.lifecycle import (
     CANCELLED,
     AlreadyRan,
     Lifecycle,
@@ -18,6 +18,7 @@ from polar.gateway.lifecycle import (
     NodeSession,
     RunOutcome,
 )
+from polar.gateway.sessions import GatewaySession
 from polar.schemas.node import SessionDispatch
 from polar.schemas.task import SessionFailure, SessionResult, SessionStatus, TaskRequest
 
@@ -27,6 +28,7 @@ class Plan:
     """How the fake stages behave for one session."""
 
     init_s: float = 0.0
+    model_s: float = 0.0  # RUN starts with one model call this long
     run_s: float = 0.0
     post_s: float = 0.0
     init_error: Exception | None = None
@@ -43,6 +45,10 @@ class Journal:
 class FakeWork:
     def __init__(self, session: NodeSession, plan: Plan, journal: Journal, life: Lifecycle):
         self.session, self.plan, self.journal, self.life = session, plan, journal, life
+        self.calls = GatewaySession(session.session_id)
+
+    def model_seconds(self) -> float:
+        return self.calls.model_seconds()
 
     async def init(self) -> None:
         self.journal.events.append(("init", self.session.session_id))
@@ -52,6 +58,9 @@ class FakeWork:
 
     async def run(self, budget_s: float) -> None:
         self.journal.events.append(("run", self.session.session_id))
+        self.calls.call_opened()
+        await asyncio.sleep(self.plan.model_s)
+        self.calls.call_closed()
         await asyncio.sleep(self.plan.run_s)
         if self.plan.run_error:
             raise self.plan.run_error
@@ -75,8 +84,13 @@ class FakeWork:
         self.journal.aborted.append(self.session.session_id)
 
 
-def dispatch(sid: str, timeout: float = 5.0) -> SessionDispatch:
-    task = TaskRequest(task_id="t", instruction="x", timeout_seconds=timeout)
+def dispatch(sid: str, timeout: float = 5.0, counts_model_time: bool = True) -> SessionDispatch:
+    task = TaskRequest(
+        task_id="t",
+        instruction="x",
+        timeout_seconds=timeout,
+        timeout_counts_model_time=counts_model_time,
+    )
     return SessionDispatch(session_id=sid.ljust(16, "0"), task=task)
 
 
@@ -99,8 +113,10 @@ class Node:
     async def _finished(self, result: SessionResult) -> None:
         self.results.append(result)
 
-    def submit(self, sid: str, timeout: float = 5.0) -> NodeSession:
-        return self.life.dispatch(dispatch(sid, timeout))[0]
+    async def submit(
+        self, sid: str, timeout: float = 5.0, counts_model_time: bool = True
+    ) -> NodeSession:
+        return (await self.life.dispatch(dispatch(sid, timeout, counts_model_time)))[0]
 
     async def result(self, sid: str) -> SessionResult:
         return await asyncio.wait_for(self.life.wait(sid.ljust(16, "0")), 5)
@@ -123,7 +139,7 @@ async def node_factory():
 
 async def test_a_session_goes_through_every_stage_with_timings(node_factory) -> None:
     node = node_factory({"a": Plan(init_s=0.02, run_s=0.03, post_s=0.01)})
-    node.submit("a")
+    await node.submit("a")
     result = await node.result("a")
     assert result.status == SessionStatus.COMPLETED and result.reward == 1.0
     assert result.failure is None
@@ -138,20 +154,20 @@ async def test_a_session_goes_through_every_stage_with_timings(node_factory) -> 
 
 async def test_dispatch_is_idempotent_and_admission_is_enforced(node_factory) -> None:
     node = node_factory({"a": Plan(run_s=0.2)}, queue_limit=2)
-    first, created = node.life.dispatch(dispatch("a"))
-    again, created_again = node.life.dispatch(dispatch("a"))
+    first, created = await node.life.dispatch(dispatch("a"))
+    again, created_again = await node.life.dispatch(dispatch("a"))
     assert created and not created_again and again is first
     with pytest.raises(AlreadyRan):
-        node.life.dispatch(dispatch("old"))
-    node.submit("b")
+        await node.life.dispatch(dispatch("old"))
+    await node.submit("b")
     with pytest.raises(NodeFull):
-        node.submit("c")
+        await node.submit("c")
     node.life.drain()
     with pytest.raises(NodeDraining):
-        node.submit("d")
+        await node.submit("d")
     await node.result("a")
     assert [e for e, s in node.journal.events if s.startswith("a")].count("run") == 1
-    assert node.life.dispatch(dispatch("a"))[0].finished  # still answers after finishing
+    assert (await node.life.dispatch(dispatch("a")))[0].finished  # still answers after finishing
 
 
 async def test_ready_buffer_bounds_prepared_runtimes_and_feeds_run_slots(node_factory) -> None:
@@ -166,7 +182,7 @@ async def test_ready_buffer_bounds_prepared_runtimes_and_feeds_run_slots(node_fa
 
     sampler = asyncio.create_task(sample())
     for i in range(12):
-        node.submit(f"s{i}")
+        await node.submit(f"s{i}")
     results = [await node.result(f"s{i}") for i in range(12)]
     sampler.cancel()
     assert all(r.status == SessionStatus.COMPLETED for r in results)
@@ -177,8 +193,8 @@ async def test_ready_buffer_bounds_prepared_runtimes_and_feeds_run_slots(node_fa
 
 async def test_inline_mode_runs_init_on_the_run_slot(node_factory) -> None:
     node = node_factory({}, run_workers=1, ready_buffer=0)
-    node.submit("a")
-    node.submit("b")
+    await node.submit("a")
+    await node.submit("b")
     await node.result("b")
     kinds = [e for e, _ in node.journal.events if e != "postrun"]
     assert kinds == ["init", "run", "init", "run"]
@@ -186,7 +202,7 @@ async def test_inline_mode_runs_init_on_the_run_slot(node_factory) -> None:
 
 async def test_budget_runs_out_in_run_timeout_result_still_post_runs(node_factory) -> None:
     node = node_factory({"slow": Plan(init_s=0.05, run_s=5)})
-    node.submit("slow", timeout=0.2)
+    await node.submit("slow", timeout=0.2)
     result = await node.result("slow")
     assert result.status == SessionStatus.TIMEOUT
     assert "ran out during run" in (result.error or "")
@@ -201,16 +217,43 @@ async def test_waiting_in_ready_does_not_spend_the_budget(node_factory) -> None:
     # "a", longer than its whole 0.3 s budget, yet its own 0.1 s of work fits.
     plans = {"a": Plan(run_s=0.4), "b": Plan(init_s=0.05, run_s=0.1)}
     node = node_factory(plans, init_workers=2, run_workers=1, ready_buffer=2)
-    node.submit("a")
-    node.submit("b", timeout=0.3)
+    await node.submit("a")
+    await node.submit("b", timeout=0.3)
     result = await node.result("b")
     assert result.status == SessionStatus.COMPLETED, result.error
     assert result.timing["ready_wait"] > 0.3
 
 
+async def test_model_time_counts_against_the_budget_by_default(node_factory) -> None:
+    node = node_factory({"a": Plan(model_s=0.5, run_s=0.05)})
+    await node.submit("a", timeout=0.3)
+    result = await node.result("a")
+    assert result.status == SessionStatus.TIMEOUT and "during run" in (result.error or "")
+
+
+async def test_a_budget_that_leaves_model_time_out_waits_for_a_slow_engine(node_factory) -> None:
+    # A model call of 0.5 s (a busy engine) in a 0.3 s budget: the harness's own 0.05 s fit.
+    node = node_factory({"a": Plan(model_s=0.5, run_s=0.05)})
+    await node.submit("a", timeout=0.3, counts_model_time=False)
+    result = await node.result("a")
+    assert result.status == SessionStatus.COMPLETED, result.error
+    assert result.timing["run"] > 0.5
+
+
+async def test_a_budget_that_leaves_model_time_out_still_bounds_the_harness(
+    node_factory,
+) -> None:
+    node = node_factory({"a": Plan(model_s=0.4, run_s=5)})
+    await node.submit("a", timeout=0.3, counts_model_time=False)
+    result = await node.result("a")
+    assert result.status == SessionStatus.TIMEOUT and "during run" in (result.error or "")
+    assert result.failure == SessionFailure(kind="timeout", reason="budget_exhausted")
+    assert 0.6 < result.timing["total"] < 1.5  # 0.3 s of its own after 0.4 s of the model's
+
+
 async def test_budget_runs_out_in_init(node_factory) -> None:
     node = node_factory({"a": Plan(init_s=5)})
-    node.submit("a", timeout=0.1)
+    await node.submit("a", timeout=0.1)
     result = await node.result("a")
     assert result.status == SessionStatus.TIMEOUT and "during init" in (result.error or "")
     assert result.failure == SessionFailure(kind="timeout", reason="budget_exhausted")
@@ -226,7 +269,7 @@ async def test_failures_become_error_results(node_factory) -> None:
         }
     )
     for sid in ("boot", "crash", "post"):
-        node.submit(sid)
+        await node.submit(sid)
     boot, crash, post = [await node.result(s) for s in ("boot", "crash", "post")]
     assert boot.status == SessionStatus.ERROR and "init failed: bwrap missing" in boot.error
     assert crash.status == SessionStatus.ERROR and "run failed: exit 3" in crash.error
@@ -247,8 +290,8 @@ async def test_cancel_at_any_stage(node_factory, stage: str) -> None:
     }
     node = node_factory(plans, init_workers=1, run_workers=1, ready_buffer=1)
     if stage in ("queued", "ready"):
-        node.submit("blocker")
-    session = node.submit("x")
+        await node.submit("blocker")
+    session = await node.submit("x")
     want = {
         "queued": "queued",
         "init": "initializing",
@@ -276,7 +319,7 @@ async def test_cancel_at_any_stage(node_factory, stage: str) -> None:
 async def test_stop_cancels_unfinished_sessions() -> None:
     node = Node({"a": Plan(run_s=10)})
     node.life.start()
-    node.submit("a")
+    await node.submit("a")
     await asyncio.sleep(0.02)
     await node.life.stop(grace_s=2)
     assert node.results[0].error == CANCELLED
@@ -301,7 +344,7 @@ async def test_an_error_result_without_a_failure_gets_one_a_completed_one_loses_
         ("e", SessionStatus.ERROR, None),
         ("c", SessionStatus.COMPLETED, stray),
     ):
-        session = node.submit(sid)
+        session = await node.submit(sid)
         session.work.postrun = returning(status, failure, session.session_id)  # type: ignore[union-attr,method-assign]
         await node.result(sid)
     errored, completed = node.results

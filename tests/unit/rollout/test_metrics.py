@@ -97,3 +97,34 @@ async def test_sessions_by_status_and_nodes_by_state(env) -> None:
 
 def _statuses(service: RolloutService, node_id: str) -> dict[str, SessionStatus]:
     return {v.session_id: v.status for v in service.session_views("t") if v.node_id == node_id}
+
+
+async def test_sampled_tokens_are_counted_delivered_or_lost_by_reason(env) -> None:
+    from polar.schemas.task import SessionFailure
+    from polar.schemas.trajectory import Trajectory, TrajectoryStatus
+
+    _, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.submit(task(n=3))
+    await until(lambda: all(v.acknowledged for v in service.session_views("t")))
+    counted = {"sampled_tokens": 10, "delivered_tokens": 8, "lost": {"side_call": 2}}
+    built = Trajectory(status=TrajectoryStatus.COMPLETED, metadata={"delivery": counted})
+    done, timed_out, errored = (v.session_id for v in service.session_views("t"))
+    await service.accept_result(result(done).model_copy(update={"trajectory": built}))
+    late = result(timed_out, SessionStatus.TIMEOUT).model_copy(update={"trajectory": built})
+    await service.accept_result(late)
+    failed = result(errored, SessionStatus.ERROR).model_copy(
+        update={"trajectory": built, "failure": SessionFailure(kind="evaluator")}
+    )
+    await service.accept_result(failed)
+    m = await scrape(service)
+    assert value(m, "polar_rollout_sampled_tokens_total") == 30
+    assert value(m, "polar_rollout_delivered_tokens_total") == 8
+    lost = "polar_rollout_lost_tokens_total"
+    assert value(m, lost, reason="side_call") == 6
+    assert value(m, lost, reason="timeout") == 8
+    assert value(m, lost, reason="evaluator_failure") == 8
+    assert value(m, lost, reason="stale") == 0  # every reason is exported, zero or not
+    assert total(m, lost) == 22
+    assert service.metrics.delivery.fraction == 8 / 30

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from polar.delivery import RetryPolicy
+from polar.rollout.app import create_rollout_app
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.service import RolloutService
 from polar.rollout.store import TaskConflict
@@ -20,6 +21,7 @@ from polar.schemas.node import (
     SessionDispatch,
     Workers,
 )
+from polar.schemas.rollout import NodeView, ServerStatus, TaskCounts
 from polar.schemas.task import (
     SessionFailure,
     SessionResult,
@@ -348,3 +350,35 @@ async def test_an_unexpected_error_in_a_dispatch_fails_the_session_loudly(
     await until(lambda: not service._sending)
     assert len(nodes.dispatches) == 1
     assert any("broke; failing the session" in r.getMessage() for r in caplog.records)
+
+
+async def test_status_is_a_typed_model_and_the_endpoint_answers_its_json(env) -> None:
+    nodes, _, make = env
+    service = await make()
+    await service.register(report("a"))
+    await service.submit(task(n=2))
+    await until(lambda: len(nodes.dispatches) == 2)
+    status = service.status()
+    assert isinstance(status, ServerStatus)
+    assert status.tasks == TaskCounts(running=1, total=1)
+    assert [n.node_id for n in status.nodes] == ["a"]
+    assert sum(status.sessions.values()) == 2
+    app = create_rollout_app(service.config, service=service)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://rollout",
+        headers={"authorization": f"Bearer {service.access.admin_token}"},
+    ) as client:
+        answer = (await client.get("/status")).json()
+    assert set(answer) == {
+        "nodes",
+        "tasks",
+        "sessions",
+        "dispatching",
+        "callbacks_in_flight",
+        "event_subscribers",
+    }
+    assert answer["tasks"] == {"running": 1, "total": 1}
+    assert answer["sessions"] == status.sessions
+    assert set(answer["nodes"][0]) == set(NodeView.model_fields)
+    assert ServerStatus.model_validate(answer).nodes[0].node_id == "a"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from polar.gateway import lifecycle
 from polar.gateway.config import NodeConfig
-from polar.gateway.lifecycle import Lifecycle, NodeSession, RunOutcome
+from polar.gateway.node import lifecycle
+from polar.gateway.node.lifecycle import Lifecycle, NodeSession, RunOutcome
 from polar.schemas.node import SessionDispatch
 from polar.schemas.task import (
     EvaluatorSpec,
@@ -81,11 +81,11 @@ async def node(monkeypatch: pytest.MonkeyPatch) -> Any:
     await life.stop(grace_s=2)
 
 
-def submit(life: Lifecycle, modes: dict[str, str], sid: str, mode: str) -> str:
+async def submit(life: Lifecycle, modes: dict[str, str], sid: str, mode: str) -> str:
     sid = sid.ljust(16, "0")
     modes[sid] = mode
     task = TaskRequest(task_id="t", instruction="x", evaluator=EvaluatorSpec(timeout_seconds=0.3))
-    life.dispatch(SessionDispatch(session_id=sid, task=task))
+    await life.dispatch(SessionDispatch(session_id=sid, task=task))
     return sid
 
 
@@ -106,9 +106,9 @@ async def test_a_post_run_past_its_bound_ends_its_session_and_frees_the_worker(
 ) -> None:
     life, modes = node
     # One post-run worker: each of two wedged sessions would have held it for good.
-    first = submit(life, modes, "wedge1", mode)
-    second = submit(life, modes, "wedge2", mode)
-    honest = submit(life, modes, "honest", "ok")
+    first = await submit(life, modes, "wedge1", mode)
+    second = await submit(life, modes, "wedge2", mode)
+    honest = await submit(life, modes, "honest", "ok")
     for sid in (first, second):
         wedged = await result(life, sid)
         assert wedged.status == SessionStatus.ERROR
@@ -119,13 +119,13 @@ async def test_a_post_run_past_its_bound_ends_its_session_and_frees_the_worker(
 
 async def test_a_teardown_that_hangs_does_not_hold_the_worker(node: Any) -> None:
     life, modes = node
-    queued = submit(life, modes, "queued", "ok+hung")
+    queued = await submit(life, modes, "queued", "ok+hung")
     life.cancel(queued)  # cancelled while queued: torn down outside the pools
     assert (await result(life, queued)).failure == SessionFailure(kind="infra", reason="cancelled")
     for name in ("hung1", "hung2"):  # post-run past its bound, then a teardown that hangs
-        hung = submit(life, modes, name, "slow_building+hung")
+        hung = await submit(life, modes, name, "slow_building+hung")
         assert (await result(life, hung)).failure == SessionFailure(
             kind="infra", reason="postrun_timeout"
         )
-    honest = submit(life, modes, "honest", "ok")
+    honest = await submit(life, modes, "honest", "ok")
     assert (await result(life, honest)).status == SessionStatus.COMPLETED

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from polar.engines.model_files import load_tokenizer
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import ScriptedBackend, ScriptedEngine
+from polar.rendering.model_files import load_tokenizer
 from polar.schemas.sampling import SamplingPolicy
 from polar.schemas.task import AgentSpec, RuntimeSpec, SessionStatus, TaskRequest
 from polar.stack.plan import EngineHandle, HarnessPlan

@@ -18,6 +18,8 @@ def test_step_reports_masked_stale_turns_and_version_lag():
         "stale_tokens": 2,
         "version_lag_max": 2,
         "version_lag_mean": 1.0,
+        "masked_at_consumption_turns": 0,
+        "masked_at_consumption_tokens": 0,
     }
 
 

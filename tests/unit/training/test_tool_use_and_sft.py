@@ -4,6 +4,7 @@ loss (the shared-prefix forward gives a full forward's loss and gradient)."""
 from __future__ import annotations
 
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,10 @@ def test_the_shared_prefix_sft_loss_is_the_full_forward_loss() -> None:
         grads = [p.grad.flatten() for p in module.parameters() if p.grad is not None]
         return float(loss.detach()), torch.cat(grads)
 
-    shared_loss, shared_grad = loss_and_grad()
+    with warnings.catch_warnings(record=True) as seen:  # no library noise on the screen
+        warnings.simplefilter("always")
+        shared_loss, shared_grad = loss_and_grad()
+    assert not [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
     original = sft._shared_prefix
     try:
         sft._shared_prefix = lambda ids, mask: 0  # type: ignore[assignment]

@@ -91,7 +91,9 @@ def test_tool_errors_scores_a_failed_tool_call_negative_and_lands_on_its_tokens(
         calls[1].completion_id: [0.0],
     }
     traj = PrefixMergingBuilder({"eot_token_id": 99}).build(calls)
+    assert "turn_rewards" not in traj.metadata
     assert attach_turn_rewards(traj, scores) == 2
+    assert traj.metadata["turn_rewards"] == traj.stats.turn_rewards == 2
     (trace,) = traj.traces
     first, second = trace.turn_rewards
     assert trace.response_ids[first.start : first.end] == calls[0].sampled_ids

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar.config_loader import load_config
 from polar.errors import ConfigError
-from polar.harnesses.bundled import AGENT
+from polar.harnesses.registry import create_harness, local_presets
 from polar.quickstart.tasks.checker import IMPORT_PATH as CHECKER
 from polar.schemas.task import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 
@@ -76,7 +76,10 @@ def task_request(
     timeout_s: float,
     run_id: str,
 ) -> TaskRequest:
-    """The TaskRequest for one suite task: prefix-merged trajectories, graded by its check."""
+    """The TaskRequest for one suite task: prefix-merged trajectories, graded by its check.
+
+    ``timeout_s`` bounds the harness's own time: the seconds its calls spend with the engine
+    do not count, so a busy machine makes the run slower, never its sessions TIMEOUT."""
     runtime = runtime.model_copy(update={"files": {**runtime.files, **task.files}})
     agent = with_follow_ups(agent, task)
     metadata: dict[str, Any] = {"group_id": f"{run_id}/{task.id}", "suite_task": task.id}
@@ -85,6 +88,7 @@ def task_request(
         instruction=task.instruction,
         num_samples=num_samples,
         timeout_seconds=timeout_s,
+        timeout_counts_model_time=False,
         runtime=runtime,
         agent=agent,
         builder=BuilderSpec(strategy="prefix_merging"),
@@ -97,15 +101,17 @@ def task_request(
 
 
 def with_follow_ups(agent: AgentSpec, task: SuiteTask) -> AgentSpec:
-    """``agent`` set to send ``task``'s follow-up messages: Pi takes them as more positional
-    messages, the bundled agent as more arguments; any other harness takes one instruction,
-    so a task with follow-ups is refused for it by name rather than cut short."""
+    """``agent`` set to send ``task``'s follow-up messages, where its harness takes them (Pi as
+    more positional messages, the bundled agent as more arguments); any other harness takes
+    one instruction, so a task with follow-ups is refused for it by name rather than cut short."""
     if not task.follow_ups:
         return agent
-    if agent.harness in ("pi", AGENT):
+    name = agent.import_path or agent.harness
+    if name and create_harness(name).takes_follow_ups():
         settings = {**agent.settings, "follow_ups": list(task.follow_ups)}
         return agent.model_copy(update={"settings": settings})
+    able = [n for n in local_presets() if create_harness(n).takes_follow_ups()]
     raise ConfigError(
-        f"task {task.id!r} has follow_ups, which only pi and the bundled agent can send "
-        f"(harness {agent.harness or agent.import_path!r} takes one instruction)"
+        f"task {task.id!r} has follow_ups, which only {', '.join(able)} can send "
+        f"(harness {name!r} takes one instruction)"
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from polar.rollout.store import Headline, RolloutStore
 from polar.schemas.task import SessionStatus
+from polar.schemas.token_delivery import TokenDelivery
 
 # Headlines kept (about a hundred bytes each); the oldest go first.
 KEPT = 200_000
@@ -27,6 +28,7 @@ class SessionOutcome:
     reward: float | None
     error: str | None
     seconds: float | None
+    delivery: TokenDelivery | None = None
 
 
 class Outcomes:
@@ -64,6 +66,7 @@ class Outcomes:
                 reward=h.reward,
                 error=h.error,
                 seconds=h.seconds,
+                delivery=h.delivery,
             )
             for s, h in zip(states, known, strict=True)
         ]

@@ -152,7 +152,8 @@ async def _overview(request: Request) -> dict[str, Any]:
         ]
         return {"tasks": tasks, "task_counts": store.task_counts(), "sessions": store.counts()}
 
-    return {"nodes": nodes, "flow": flow, **await asyncio.to_thread(read)}
+    delivery = service.metrics.delivery
+    return {"nodes": nodes, "flow": flow, "delivery": delivery, **await asyncio.to_thread(read)}
 
 
 async def _task(request: Request, task_id: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from polar.rollout.dashboard.outcomes import SessionOutcome
 from polar.rollout.store import TaskRow
 from polar.schemas.rollout import NodeView
 from polar.schemas.task import SessionStatus
+from polar.schemas.token_delivery import TokenDelivery
 
 # Sessions of a task by where they are: finished well or badly, on a node, or waiting for one.
 _ACTIVE = frozenset(
@@ -87,6 +88,7 @@ class TaskCard:
     timeouts: int
     reasons: list[tuple[str, int]]
     seconds: float | None  # wall time so far, or until it completed
+    delivery: TokenDelivery  # its finished sessions' sampled tokens, delivered or lost
 
     @property
     def pass_rate(self) -> float | None:
@@ -175,6 +177,9 @@ def task_card(task: TaskRow, outcomes: list[SessionOutcome], now: float) -> Task
         timeouts=statuses[SessionStatus.TIMEOUT],
         reasons=Counter(_reason(o) for o in failed).most_common(3),
         seconds=max(0.0, end - task.created_at),
+        delivery=TokenDelivery.total(
+            o.delivery or TokenDelivery.unknown() for o in outcomes if o.status.finished
+        ),
     )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from polar.schemas.task import SessionResult, SessionStatus, TaskResult
-from polar.schemas.trajectory import Trace
+from polar.schemas.trajectory import Trace, TraceStats
 from polar.trajectory.exporters.base import session_context
 
 BridgeFailurePolicy = Literal["zero_advantage", "penalize"]
@@ -105,9 +105,5 @@ def session_rows(
 
 def untrainable(trace: Trace) -> Trace:
     """The same tokens with an all-zero loss mask (a failed session's placeholder)."""
-    return trace.model_copy(
-        update={
-            "loss_mask": [0] * len(trace.response_ids),
-            "metadata": {**trace.metadata, "trainable": False},
-        }
-    )
+    untrained = trace.with_stats(TraceStats(trainable=False))
+    return untrained.model_copy(update={"loss_mask": [0] * len(trace.response_ids)})

@@ -21,13 +21,22 @@ With ``drop_infra_failures`` (the default) a session the infrastructure failed (
 the policy; if every try fails that way the failed row stands, and
 ``extra_fields["polar"]["failure_kind"]`` says so.
 
-Wire it up with :func:`register_agent_loop` (needs verl) in the module verl imports for agent
-loops, and point the Polar gateway nodes' engine at verl's rollout servers.
+verl runs its agent loops in its own ``AgentLoopWorker`` processes (Ray actors), which load custom
+loops from the YAML file ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` names: an
+entry ``_target_: polar.training.bridges.verl.PolarVerlAgentLoop`` with ``rollout_url`` and
+``task_factory`` (``module:function``, a dataset row in, a TaskRequest out) selects this loop,
+and every sample whose ``agent_name`` is that entry's ``name`` runs through it (see
+docs/training.md). :class:`PolarVerlAgentLoop` reads ``prompt_length`` and ``response_length``
+from verl's rollout config. :func:`register_agent_loop` registers a loop built by a callable
+instead, for an ``AgentLoopWorker`` in the calling process. Both need verl; point the Polar
+gateway nodes' engine at verl's rollout servers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 import itertools
 import time
 import uuid
@@ -134,23 +143,114 @@ class PolarAgentLoop:
         return out
 
 
-def register_agent_loop(name: str, make_loop: Callable[[], PolarAgentLoop]) -> type:
-    """Define and register a verl ``AgentLoopBase`` subclass named ``name`` that delegates to
-    the loop ``make_loop()`` builds (once per worker process). Requires verl."""
-    from verl.experimental.agent_loop.agent_loop import (
-        AgentLoopBase,
-        AgentLoopOutput,
-        register,
-    )
+LoopFactory = Callable[[], PolarAgentLoop]
 
-    shared: dict[str, PolarAgentLoop] = {}
+# One PolarAgentLoop (and so one rollout client) per process and settings: verl builds a new
+# agent-loop object for every sample.
+_loops: dict[tuple[Any, ...], PolarAgentLoop] = {}
+_factories: dict[str, LoopFactory] = {}
+
+
+def register_agent_loop(name: str, make_loop: LoopFactory) -> type:
+    """Register ``name`` in verl's agent-loop registry of this process as a
+    :class:`PolarVerlAgentLoop` whose loop ``make_loop()`` builds (once). Requires verl."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    cls = _verl_agent_loop_class()
+    _factories[name] = make_loop
+    _agent_loop_registry[name] = {
+        "_target_": f"{cls.__module__}.{cls.__qualname__}",
+        "polar_loop": name,
+    }
+    return cls
+
+
+def _import_factory(spec: str) -> LoopTaskFactory:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"task_factory {spec!r} is not 'module:function'")
+    factory: LoopTaskFactory = getattr(importlib.import_module(module_name), attr)
+    return factory
+
+
+def _shared_loop(
+    polar_loop: str | None, settings: dict[str, Any], prompt_length: int, response_length: int
+) -> PolarAgentLoop:
+    key = (polar_loop, tuple(sorted(settings.items())), prompt_length, response_length)
+    loop = _loops.get(key)
+    if loop is not None:
+        return loop
+    if polar_loop is not None:
+        if polar_loop not in _factories:
+            raise KeyError(f"no Polar agent loop registered as {polar_loop!r} in this process")
+        loop = _factories[polar_loop]()
+    else:
+        options = dict(settings)
+        url, factory = options.pop("rollout_url", None), options.pop("task_factory", None)
+        if not url or not factory:
+            raise ValueError(
+                "the agent loop config entry of PolarVerlAgentLoop needs rollout_url and "
+                "task_factory ('module:function')"
+            )
+        loop = PolarAgentLoop(
+            str(url),
+            _import_factory(str(factory)),
+            prompt_length=prompt_length,
+            response_length=response_length,
+            **options,
+        )
+    _loops[key] = loop
+    return loop
+
+
+@functools.cache
+def _verl_agent_loop_class() -> type:
+    """verl's ``AgentLoopBase`` subclass, built on first use so that importing this module does
+    not import verl; hydra locates it as ``polar.training.bridges.verl.PolarVerlAgentLoop``."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
     class PolarVerlAgentLoop(AgentLoopBase):
-        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-            loop = shared.get("loop")
-            if loop is None:
-                loop = shared["loop"] = make_loop()
-            return AgentLoopOutput(**await loop.run(sampling_params, **kwargs))
+        def __init__(
+            self,
+            *args: Any,
+            polar_loop: str | None = None,
+            rollout_url: str | None = None,
+            task_factory: str | None = None,
+            token: str | None = None,
+            timeout_s: float = 3600.0,
+            on_failure: BridgeFailurePolicy = "zero_advantage",
+            drop_infra_failures: bool = True,
+            infra_retries: int = 2,
+            name: str | None = None,  # the config entry's own name, which verl passes on
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(*args, **kwargs)
+            settings: dict[str, Any] = {
+                "rollout_url": rollout_url,
+                "task_factory": task_factory,
+                "timeout_s": float(timeout_s),
+                "on_failure": on_failure,
+                "drop_infra_failures": bool(drop_infra_failures),
+                "infra_retries": int(infra_retries),
+            }
+            if token is not None:
+                settings["token"] = token
+            self.polar = _shared_loop(
+                polar_loop,
+                settings,
+                int(self.rollout_config.prompt_length),
+                int(self.rollout_config.response_length),
+            )
 
-    register(name)(PolarVerlAgentLoop)
+        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+            return AgentLoopOutput(**await self.polar.run(sampling_params, **kwargs))
+
+    PolarVerlAgentLoop.__module__ = __name__
+    PolarVerlAgentLoop.__qualname__ = PolarVerlAgentLoop.__name__
     return PolarVerlAgentLoop
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PolarVerlAgentLoop":
+        return _verl_agent_loop_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
