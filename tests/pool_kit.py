@@ -49,12 +49,18 @@ class Gateway:
         reply.raise_for_status()
         return str(reply.json()["api_key"])
 
-    def turn(self, key: str, messages: list[dict[str, Any]]) -> None:
+    def turn(
+        self,
+        key: str,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 16,
+        timeout_s: float = 120,
+    ) -> None:
         """One chat call; the reply joins the history, then the next user turn."""
         reply = httpx.post(
             f"{self.server.url}/s/{key}/v1/chat/completions",
-            json={"model": "m", "messages": messages, "max_tokens": 16},
-            timeout=30,
+            json={"model": "m", "messages": messages, "max_tokens": max_tokens},
+            timeout=timeout_s,
         )
         assert reply.status_code == 200, reply.text
         messages.append(reply.json()["choices"][0]["message"])
