@@ -19,12 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "conformance.md"
-APIS = ("openai_chat", "openai_responses", "anthropic", "google")
+APIS = ("openai_chat", "openai_responses", "anthropic", "google", "google_interactions")
 API_TITLES = {
     "openai_chat": "OpenAI Chat Completions",
     "openai_responses": "OpenAI Responses",
     "anthropic": "Anthropic Messages",
     "google": "Google generateContent",
+    "google_interactions": "Google Interactions",
 }
 STATUSES = ("supported", "mapped", "refused")
 
@@ -100,6 +101,15 @@ def render(found: list[Mark]) -> str:
         "",
         "Nothing is dropped silently: every call's capture record notes what became of each",
         "feature it used (`feature <name>: honoured | mapped | refused`).",
+        "",
+        "A feature named with a render mode is decided per mode: under engine rendering the",
+        "engine's chat endpoint gets it as its own field, under gateway rendering the gateway",
+        "does it (the served template's own variables, a regex over the family's call format).",
+        "A feature named without one is decided by the API's adapter before either, so it is",
+        "the same in both modes. Reasoning switches and efforts are mapped to the served",
+        "template's variables where it reads them (Qwen3, GLM, Nemotron: `enable_thinking`;",
+        "gpt-oss: `reasoning_effort`), else recorded as applied to nothing, with a note naming the",
+        "field; a thinking budget is always recorded so (no engine here takes one).",
         "",
         "| feature | " + " | ".join(API_TITLES[a] for a in APIS) + " |",
         "|---|" + "---|" * len(APIS),

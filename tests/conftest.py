@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,60 @@ import pytest
 
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
-from polar.engines.model_files import load_tokenizer
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
+from polar.rendering.model_files import load_tokenizer
+
+# CI's real-engine gate (.ci/run sets it): a vllm-marked test that skips, for whatever reason
+# (no server, one that did not start, a prompt that does not fit), fails the run instead.
+REQUIRE_VLLM = os.environ.get("POLAR_REQUIRE_VLLM") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_VLLM and report.skipped and item.get_closest_marker("vllm") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"POLAR_REQUIRE_VLLM=1: a real-engine test may not skip ({reason})"
+
+
+# How the README's command spreads the suite over its two pytest-xdist workers (--dist
+# loadgroup): each file is one group, so its module and session fixtures (servers, engines,
+# tokenizers) start once; every bench smoke is a group of its own (each is a subprocess, and
+# together they are the suite's longest file); the files that start a Ray cluster on this host
+# share one group, so two clusters never run at once.
+RAY_FILES = {
+    "tests/integration/test_ray_cluster.py",
+    "tests/integration/test_nemo_gym_env.py",
+    "tests/unit/rollout/test_node_provider.py",
+    "tests/unit/rollout/test_node_reregistration.py",
+    "tests/unit/rollout/test_ray_cli.py",
+}
+RAY_BENCHES = {"ray_nodes"}
+
+
+def worker_group(item: pytest.Item) -> str:
+    """The xdist group ``item`` runs in (see above)."""
+    path = Path(str(item.path)).relative_to(Path(__file__).parent.parent).as_posix()
+    bench = getattr(item, "callspec", None)
+    if path == "tests/integration/test_bench_smoke.py" and bench is not None:
+        name = Path(str(bench.params.get("bench", ""))).stem
+        return "ray" if name in RAY_BENCHES else f"bench:{name}"
+    return "ray" if path in RAY_FILES else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
 
 # The scripted engine stands in for a larger-context model than SmolLM2's 8k: Claude Code's and
 # Gemini CLI's first prompts alone are ~20k tokens with this tokenizer.

@@ -37,7 +37,6 @@ from artifacts import (  # tests/artifacts.py, the shared cache
 )
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
-from polar.engines.model_files import tokenizer_cache_path
 from polar.engines.scripted import ScriptedBackend, ScriptedEngine, ScriptedReply
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
@@ -45,6 +44,7 @@ from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.rendering.families.base import Family
 from polar.rendering.families.kimi_tools_ts import deep_sorted
+from polar.rendering.model_files import tokenizer_cache_path
 
 
 @dataclass(frozen=True)
@@ -394,7 +394,10 @@ class FamilyBackend(ScriptedBackend):
         self.thinks = family.features.reasoning and not probe.endswith("</think>")
 
     def render_text(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         return str(
             self.family.render(
@@ -402,6 +405,7 @@ class FamilyBackend(ScriptedBackend):
                 vllm_messages(messages),
                 tools or None,
                 chat_template=self.family.chat_template(self.tokenizer),
+                variables=variables,
             )
             if type(self.family).render is not Family.render
             else self.tokenizer.apply_chat_template(
@@ -410,6 +414,7 @@ class FamilyBackend(ScriptedBackend):
                 add_generation_prompt=True,
                 tokenize=False,
                 **self.tokenizer_code_inputs(tools),
+                **(variables or {}),
             )
         )
 
@@ -431,8 +436,9 @@ class FamilyBackend(ScriptedBackend):
         tools: list[dict[str, Any]] | None,
         *,
         continue_final: bool = False,
+        variables: dict[str, Any] | None = None,
     ) -> list[int]:
-        text = self.render_text(messages, tools)
+        text = self.render_text(messages, tools, variables)
         return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def sample(

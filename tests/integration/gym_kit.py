@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar.engines.model_files import cache_dir
+from polar.rendering.model_files import cache_dir
 
 GYM_VERSION = "0.7.0"
 REPO = Path(__file__).resolve().parents[2]

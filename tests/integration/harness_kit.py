@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from polar.capture.records import CaptureRecord
 from polar.engines.scripted import ScriptedReply
+from polar.gateway.server import BackgroundServer
+from polar.gateway.services import app_services
 from polar.harnesses.base import HarnessContext
 from polar.harnesses.install import default_prefix, install
 from polar.harnesses.registry import CLI_PRESETS, create_harness
@@ -59,6 +62,29 @@ def harness_prefix() -> Path:
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed: the harness install step needs it")
     return install(CLI_PRESETS, default_prefix(), echo=lambda line: None)
+
+
+class EngineGateway:
+    """A live gateway in front of a real engine, shaped like the harness tests'
+    ``live_gateway`` (nothing is scripted: the real model answers); ``tap`` is the recording
+    transport between gateway and engine."""
+
+    def __init__(self, server: BackgroundServer, app: Any, tap: Any) -> None:
+        self.base_url = server.url
+        self.app = app
+        self.tap = tap
+        self.admin = {"x-polar-admin-token": app_services(app).admin_token or ""}
+
+    def new_session(self) -> Any:
+        reply = httpx.post(f"{self.base_url}/polar/sessions", json={}, headers=self.admin)
+        reply.raise_for_status()
+        return type("Session", (), {"key": reply.json()["api_key"]})
+
+    def script(self, *replies: Any) -> None:
+        """The real model answers: nothing is scripted."""
+
+    def records(self, key: str) -> list[CaptureRecord]:
+        return app_services(self.app).store.records(key)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from polar.engines.scripted import ScriptedReply
-from polar.gateway.rendering import FLAG_SPLICED
+from polar.schemas.flags import FLAG_SPLICED
 
 TOOLS = [{"name": "Bash", "input_schema": {"type": "object", "properties": {}}}]
 

@@ -17,7 +17,7 @@ from polar.engines.embedded import (
     loader,
 )
 from polar.engines.embedded.loader import converted_checkpoint_dir
-from polar.engines.model_files import smollm2_gguf_path
+from polar.rendering.model_files import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow
 

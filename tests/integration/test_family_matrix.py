@@ -85,7 +85,10 @@ async def test_family_through_a_real_cli(
     assert whole, [r.flags for r in run.records]
     for record in whole:
         upstream: dict[str, Any] = record.upstream_request
-        assert record.prompt_ids == backend.prompt_ids(upstream["messages"], upstream["tools"])
+        variables = upstream.get("chat_template_kwargs")  # e.g. Claude Code's effort: gpt-oss
+        assert record.prompt_ids == backend.prompt_ids(
+            upstream["messages"], upstream["tools"], variables=variables
+        )
     # Reasoning came back in the API's own field, never inside the answer.
     if backend.thinks:
         assert "The command said wrote-proof." in str(second.response.get("reasoning")), second

@@ -24,7 +24,6 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from polar.engines.model_files import load_tokenizer
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import (
     ConversationScript,
@@ -38,6 +37,7 @@ from polar.generation.options import GenerateOptions
 from polar.generation.run import GenerateRun, run_generate
 from polar.harnesses.bundled import AGENT
 from polar.harnesses.install import default_prefix, installed_names
+from polar.rendering.model_files import load_tokenizer
 from polar.schemas.task import SessionStatus
 from polar.stack.plan import EngineHandle
 

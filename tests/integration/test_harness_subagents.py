@@ -61,6 +61,13 @@ async def test_claude_code_subagent_is_a_branch_of_the_main_trace(
     assert branch.lineage.parent_call == main1.completion_id
     assert branch.lineage.parent_trace == trajectory.traces.index(root)
     assert sum(branch.loss_mask) == len(sub.sampled_ids)
+    # the tree's ids are Claude Code's own headers (2.1.197: the session id on every call, the
+    # sub-agent's agent id on its own), and they agree with prefix inference
+    assert main1.harness_ids is not None and sub.harness_ids is not None
+    assert (main1.harness_ids.agent, sub.harness_ids.parent) == (main1.harness_ids.session,) * 2
+    assert root.lineage.harness is not None and branch.lineage.harness is not None
+    assert branch.lineage.harness.parent == root.lineage.harness.agent
+    assert root.lineage.disagreements == branch.lineage.disagreements == []
 
     # one logical rollout: both traces share the session's advantage against its group
     samples = [
@@ -101,3 +108,7 @@ async def test_opencode_subagent_is_a_branch_of_the_main_trace(
         "shares_only_system_prefix",
     )
     assert branch.lineage.parent_call == main1.completion_id
+    # opencode's own session ids: the child session names the main one as its parent
+    assert root.lineage.harness is not None and branch.lineage.harness is not None
+    assert branch.lineage.harness.parent == root.lineage.harness.agent
+    assert root.lineage.disagreements == branch.lineage.disagreements == []

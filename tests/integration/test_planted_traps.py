@@ -1,6 +1,6 @@
 """A harness that plants a trap for the host costs only its own session: on a real node (one
 post-run worker, so a single wedged post-run would stop it), harnesses plant a FIFO, a device
-node (where this machine lets them), a terabyte sparse file, a 60-link symlink chain or more
+node (where this machine lets them), a terabyte sparse file, a 60-link symlink chain, a directory link to the host's ``/etc`` or more
 files than a walk visits, under every evaluator (``session_completed``, ``test_on_output`` in a
 fresh runtime, ``swe_tests`` on a bundled SWE task), in bubblewrap where it is installed and
 the local runtime otherwise. Every trapped session finishes, and an honest session after them
@@ -30,6 +30,8 @@ TRAPS = {
     "chain": 'touch end; p=end; for i in $(seq 60); do ln -s "$p" "c$i"; p="c$i"; done; '
     'ln -s "$p" trap',
     "many": "mkdir many && cd many && seq 1500 | xargs touch",
+    # a directory link out (the host's /etc): nothing beneath it is read on the host
+    "dir_link": "ln -s /etc sub && mkdir -p src && ln -s /etc/hostname src/hostname",
 }
 WALK_LIMIT = 1000  # entries a walk visits here (200,000 by default): "many" goes past it
 

@@ -36,6 +36,7 @@ from polar.cli import quickstart as quickstart_cli
 from polar.errors import ConfigError, HarnessError
 from polar.harnesses.bundled import AGENT_PATH
 from polar.harnesses.install import default_prefix, installed_names
+from polar.harnesses.registry import CLI_PRESETS
 from polar.quickstart.tasks import load_suite, task_request
 from polar.schemas.task import AgentSpec, RuntimeSpec, SessionResult, SessionStatus, TaskRequest
 from polar.schemas.trajectory import Trace
@@ -262,6 +263,42 @@ def test_ctrl_c_stops_everything_and_still_writes_the_run(tmp_path: Path) -> Non
     assert_no_leftovers(run_dir)
 
 
+# What a library's warning looks like on the screen: ``FutureWarning: ...`` from the warnings
+# module, or a library logger's deprecation notice.
+_LIBRARY_WARNING = re.compile(r".*\b\w+Warning: .*|.*\bdeprecated\b.*")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed")
+def test_the_default_quickstart_completes_every_session_on_busy_cores(tmp_path: Path) -> None:
+    """``polar quickstart`` as a newcomer types it (SmolLM2, Pi, 12 sessions), with a busy
+    loop on every core besides whatever else the machine runs: every session completes (a
+    busy machine makes the run slower, never a session TIMEOUT), and the screen shows Polar's
+    output only, no library's warning."""
+    run_dir = tmp_path / "run"
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(len(os.sched_getaffinity(0)))
+    ]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CLI, "--out", str(run_dir)],
+            capture_output=True, text=True, timeout=1800, check=False,
+        )  # fmt: skip
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    total = summary["total"]
+    assert (total["sessions"], total["completed"]) == (12, 12), output[-3000:]
+    assert summary["facts"]["harness"] == ("pi" if shutil.which("npm") else "agent")
+    assert _LIBRARY_WARNING.findall(output) == []
+    assert_no_leftovers(run_dir)
+
+
 def _descendant_cmdlines(pid: int) -> list[str]:
     cmdlines = []
     try:
@@ -466,7 +503,7 @@ def test_pi_without_npm_falls_back_to_the_bundled_agent(
 def test_turn_limits_come_from_the_cli_or_else_from_the_gateway(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(plan, "installed_names", lambda prefix: set(plan.CLI_PRESETS))
+    monkeypatch.setattr(plan, "installed_names", lambda prefix: set(CLI_PRESETS))
 
     def chosen(name: str) -> AgentSpec:
         return plan.choose_harness(

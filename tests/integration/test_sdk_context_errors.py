@@ -13,6 +13,7 @@ import openai
 import pytest
 from google import genai
 from google.genai import errors, types
+from google.genai._interactions_errors import BadRequestError
 
 from polar.capture.store import CaptureStore
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedEngine, ScriptedReply
@@ -109,4 +110,27 @@ def test_google_context_error(small_gateway, stream):
     assert info.value.status == "INVALID_ARGUMENT"
     assert f"exceeds the maximum number of tokens allowed ({WINDOW})" in str(info.value.message)
     _prompt_tokens(str(info.value.message))
+    assert backend.log == []
+
+
+@pytest.mark.conformance(
+    feature="context length error", api="google_interactions", status="supported"
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_google_interactions_context_error(small_gateway, stream):
+    url, backend = small_gateway
+    options = types.HttpOptions(
+        base_url=f"{url}/s/ctx-interactions", retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    client = genai.Client(api_key="k", http_options=options)
+    with pytest.raises(BadRequestError) as info:
+        if stream:
+            list(client.interactions.create(model="m", input=LONG, stream=True))
+        else:
+            client.interactions.create(model="m", input=LONG)
+    assert info.value.status_code == 400
+    message = str(info.value.body["error"]["message"])
+    assert info.value.body["error"]["code"] == "invalid_request"
+    assert f"exceeds the maximum number of tokens allowed ({WINDOW})" in message
+    _prompt_tokens(message)
     assert backend.log == []

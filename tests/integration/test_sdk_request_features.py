@@ -159,6 +159,22 @@ def _gemini(allowed: list[str] | None) -> Callable[[Any], Calls]:
     return call
 
 
+def _interactions(choice: Any) -> Callable[[Any], Calls]:
+    def call(session: Any) -> Calls:
+        tool = {"type": "function", "name": "shell", "parameters": SCHEMA}
+        client = _google(session)  # kept: a collected client closes its connection
+        reply = client.interactions.create(
+            model="gemini-x",
+            input="List the files.",
+            tools=[tool],
+            generation_config={"tool_choice": choice},
+        )
+        steps = reply.steps or []
+        return [(s.name, dict(s.arguments)) for s in steps if s.type == "function_call"]
+
+    return call
+
+
 FORCED = {
     "tool_choice required": ("openai_chat", _chat("required"), "required"),
     "tool_choice named": (
@@ -187,6 +203,12 @@ FORCED = {
     "tool_config ANY, one allowed function": (
         "google",
         _gemini(["shell"]),
+        {"type": "function", "function": {"name": "shell"}},
+    ),
+    "tool_choice any (Interactions)": ("google_interactions", _interactions("any"), "required"),
+    "tool_choice named (Interactions)": (
+        "google_interactions",
+        _interactions({"allowed_tools": {"mode": "any", "tools": ["shell"]}}),
         {"type": "function", "function": {"name": "shell"}},
     ),
 }

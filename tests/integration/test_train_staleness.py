@@ -56,7 +56,7 @@ open("answer.txt", "w").write(content)
 """
 
 
-def config(out: Path) -> TrainConfig:
+def config(out: Path, max_staleness: int | None = None) -> TrainConfig:
     return TrainConfig.model_validate(
         {
             "model": "tiny",
@@ -75,7 +75,11 @@ def config(out: Path) -> TrainConfig:
             "sampling": {"max_tokens": 6, "temperature": 0.7},
             "optim": {"lr": 1e-2, "micro_batch_size": 2},
             # a KL term: every trace takes part in the update, whatever its advantage
-            "algorithm": {"advantage": {"std_normalize": False}, "loss": {"kl_coef": 0.01}},
+            "algorithm": {
+                "advantage": {"std_normalize": False},
+                "loss": {"kl_coef": 0.01},
+                "max_staleness": max_staleness,
+            },
         }
     )
 
@@ -166,6 +170,8 @@ def test_a_session_across_two_weight_updates_is_masked_and_reported(tmp_path: Pa
         "stale_tokens": stale_tokens,
         "version_lag_max": 2,
         "version_lag_mean": 1.0,
+        "masked_at_consumption_turns": 0,  # the builder's mask already held call 0
+        "masked_at_consumption_tokens": 0,
     }
     assert record["trainable_tokens"] == trainable > 0
     assert record["trained_tokens"] == trainable
@@ -177,3 +183,85 @@ def test_a_session_across_two_weight_updates_is_masked_and_reported(tmp_path: Pa
         "mean": 0.0,
         "sessions_unscored": 2,
     }
+
+
+def _calls(results: list[SessionResult]) -> list[tuple[int | None, list[int], bool]]:
+    """Every call of the sessions: its version, its span's loss mask, whether masked stale."""
+    calls = []
+    for result in results:
+        assert result.trajectory is not None
+        for trace in result.trajectory.traces:
+            stale = {s.completion_id for s in trace.masked if s.reason is MaskReason.STALE}
+            for cid, version, (a, b) in zip(
+                trace.stats.completion_ids,
+                trace.stats.call_versions,
+                trace.stats.call_spans,
+                strict=True,
+            ):
+                calls.append((version, trace.loss_mask[a:b], cid in stale))
+    return calls
+
+
+def test_staleness_is_judged_when_the_trainer_consumes_the_session(tmp_path: Path) -> None:
+    """A session sampled wholly at version 0 and handed to the trainer after two updates is
+    masked (at build time nothing of it was stale: its newest call was version 0); a session
+    spanning versions 0, 1 and 2 consumed at version 3 is masked call by call."""
+    out, flags = tmp_path / "run", tmp_path / "flags"
+    flags.mkdir()
+    trainer = EmbeddedTrainer(config(out, max_staleness=1), loaded=load_model("tiny"))
+    trainer.metrics = MetricsLog(out, tensorboard=False)
+    sampling = SamplingPolicy(temperature=0.7, top_p=1.0, max_tokens=6)
+    stack = LocalStack.embedded(
+        trainer.core, out / "polar", sampling=sampling, runtime="local", run_workers=4
+    )
+    early = long_task(flags).model_copy(update={"task_id": "early-0"})
+    spanning = long_task(flags)
+    with stack, RolloutClient(stack.rollout_url, token=stack.rollout_token) as client:
+        control = GatewayControl([stack.gateway_url], token=stack.gateway_token)
+        try:
+            (flags / "go-1").touch()
+            (flags / "go-2").touch()
+            client.submit(early)  # all three calls at version 0, finished before any update
+            finished = client.wait(["early-0"], 120)["early-0"].results
+            built = _calls(finished)
+            for _ in (1, 2):
+                trainer.train_step(client, control)
+            late = trainer.train_on(finished, control)  # consumed at version 2
+            for name in ("go-1", "go-2"):
+                (flags / name).unlink()
+            client.submit(spanning)
+            wait_for(flags, "done-0-*", 4)  # 2 from the early sessions, 2 from these
+            for i in (1, 2):
+                trainer.train_step(client, control)
+                (flags / f"go-{i}").touch()
+                wait_for(flags, f"done-{i}-*", 4)
+            spanned = client.wait(["long-0"], 120)["long-0"].results
+            trainer.train_step(client, control)  # one more update before they are taken
+            spanned_record = trainer.train_on(spanned, control)  # at version 6
+        finally:
+            control.close()
+            trainer.metrics.close()
+            trainer.core.close()
+
+    # At build time none of the early sessions' calls was stale.
+    assert [v for v, _, _ in built] == [0] * 6 and not any(stale for *_, stale in built)
+    assert late["staleness"]["version_lag_max"] == 2
+    assert late["staleness"]["masked_at_consumption_turns"] == 6
+    assert late["staleness"]["stale_turns"] == 6
+    assert late["trainable_tokens"] == 0 and late["trained_tokens"] == 0
+    masked_tokens = sum(len(mask) for _, mask, _ in built)
+    assert late["staleness"]["masked_at_consumption_tokens"] == masked_tokens > 0
+
+    # The spanning sessions' calls were sampled at versions 3, 4 and 5 (three updates were
+    # made before they started: two steps and the late consumption). The builder, at 5,
+    # masked version 3; consumed at 6, lags 3, 2, 1 against max_staleness 1: version 4 is
+    # masked now too, call by call, and version 5 is trained.
+    calls = _calls(spanned)
+    assert [v for v, _, _ in calls] == [3, 4, 5] * 2
+    assert [stale for *_, stale in calls] == [True, False, False] * 2  # as built
+    lag = spanned_record["staleness"]
+    assert lag["version_lag_max"] == 3 and lag["stale_turns"] == 4
+    assert lag["masked_at_consumption_turns"] == 2
+    assert lag["masked_at_consumption_tokens"] == sum(len(m) for v, m, _ in calls if v == 4)
+    kept = sum(len(mask) for v, mask, _ in calls if v == 5)
+    assert spanned_record["trainable_tokens"] == kept > 0

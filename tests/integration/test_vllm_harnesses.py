@@ -22,23 +22,21 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
 from polar.engines.vllm import VLLMEngine
 from polar.errors import HarnessError
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig, SamplingPolicy
-from polar.gateway.engine_check import (
+from polar.gateway.server import BackgroundServer
+from polar.stack.engine_check import (
     RecordingTransport,
     SessionRow,
     check_engine,
     format_report,
     score_session,
 )
-from polar.gateway.server import BackgroundServer
-from polar.gateway.services import app_services
 
-from .harness_kit import harness_prefix, run_cli
+from .harness_kit import EngineGateway, harness_prefix, run_cli
 
 __all__ = ["harness_prefix"]
 
@@ -53,29 +51,8 @@ pytestmark = [
 ]
 
 
-class VLLMGateway:
-    """A live gateway in front of real vLLM, shaped like the harness tests' ``live_gateway``."""
-
-    def __init__(self, server: BackgroundServer, app: Any, tap: RecordingTransport) -> None:
-        self.base_url = server.url
-        self.app = app
-        self.tap = tap
-        self.admin = {"x-polar-admin-token": app_services(app).admin_token or ""}
-
-    def new_session(self) -> Any:
-        reply = httpx.post(f"{self.base_url}/polar/sessions", json={}, headers=self.admin)
-        reply.raise_for_status()
-        return type("Session", (), {"key": reply.json()["api_key"]})
-
-    def script(self, *replies: Any) -> None:
-        """The real model answers: nothing is scripted."""
-
-    def records(self, key: str) -> list[CaptureRecord]:
-        return app_services(self.app).store.records(key)
-
-
 @pytest.fixture(scope="module")
-def vllm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMGateway]:
+def vllm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineGateway]:
     assert VLLM_URL is not None
     db = tmp_path_factory.mktemp("vllm-gateway") / "captures.db"
     tap = RecordingTransport()
@@ -89,7 +66,7 @@ def vllm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMGatew
     app = create_app(config, engine=VLLMEngine(VLLM_URL, transport=tap), store=CaptureStore(db))
     with BackgroundServer(app, loop="asyncio") as server:
         config.public_url = server.url
-        yield VLLMGateway(server, app, tap)
+        yield EngineGateway(server, app, tap)
 
 
 # Pi sends follow-up messages in the same session: several calls, each extending the last, so
@@ -99,9 +76,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("cli", ["pi", "codex", "claude_code"])
+# Claude Code's first prompt (~20k tokens) does not fit SmolLM2's 8,192-token window, and CI's
+# gate fails on a skip: it runs on real vLLM in test_vllm_families.py, against Qwen3's tiny
+# checkpoint with a 32,768-token window.
+@pytest.mark.parametrize("cli", ["pi", "codex"])
 async def test_a_real_cli_session_on_real_vllm_is_captured_and_merged_exactly(
-    vllm_gateway: VLLMGateway, tmp_path: Path, harness_prefix: Path, cli: str
+    vllm_gateway: EngineGateway, tmp_path: Path, harness_prefix: Path, cli: str
 ) -> None:
     assert VLLM_URL is not None
     start = len(vllm_gateway.tap.exchanges)
@@ -133,7 +113,9 @@ async def test_a_real_cli_session_on_real_vllm_is_captured_and_merged_exactly(
 
 async def test_check_engine_finds_real_vllm_faithful() -> None:
     assert VLLM_URL is not None
-    check = await check_engine(VLLM_URL, sessions=2, turns=3)
+    # SmolLM2 answers these tasks in text: forced tool_choice makes it call, so the check
+    # exercises tool calls and splices (a run without them is never OK).
+    check = await check_engine(VLLM_URL, sessions=2, turns=3, force_tools=True)
     report = format_report(check)
     print(report)
     assert check.family is not None, report

@@ -5,9 +5,9 @@ reach ``tests/``). ``options.latency_s`` delays every call."""
 from __future__ import annotations
 
 from polar.engines.base import Engine
-from polar.engines.model_files import load_tokenizer
 from polar.engines.registry import EngineConfig
 from polar.engines.scripted import Script, ScriptedBackend
+from polar.rendering.model_files import load_tokenizer
 
 from .cluster import ConversationEngine
 
