@@ -11,6 +11,8 @@ the same call goes through a gateway is the gateway's own cost.
 * ``"stream": true`` gets a chat-completions SSE stream of the same completion.
 * Every reply gets a fresh completion id (captures are keyed by it), patched into the
   precomputed bytes.
+* ``--token-ms`` stands for generation: a stream's frames leave one every that many ms (the
+  first at once), a whole reply once its last frame would have; 0 (default): all at once.
 
 Run: ``python bench/_fake_engine.py --port 8199``.
 """
@@ -32,6 +34,8 @@ LONG_BODY_BYTES = 30_000
 MODEL = "bench-model"
 # Stands for the completion id in the precomputed replies; same width as the ids patched in.
 ID_MARK = b"chatcmpl-XXXXXXXXXXXXXXXX"
+# Frames in a stream: the role, one per text piece, the tool call, finish, usage, [DONE].
+STREAM_FRAMES = 1 + (SAMPLED_TOKENS - 20) + 4
 
 _STREAM_RE = re.compile(rb'"stream"\s*:\s*true')
 _TOKEN_IDS_RE = re.compile(rb'"return_token_ids"\s*:\s*true')
@@ -149,6 +153,7 @@ class EngineProtocol(asyncio.Protocol):
 
     replies: Replies
     served: int = 0
+    token_s: float = 0.0  # 0: every reply at once; else paced as generated (see paced)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -183,11 +188,28 @@ class EngineProtocol(asyncio.Protocol):
             )
             EngineProtocol.served += 1
             completion_id = f"chatcmpl-{EngineProtocol.served:016x}".encode()
-            self.transport.writelines(self._with_id(self.replies.by_kind[kind], completion_id))
+            reply = self._with_id(self.replies.by_kind[kind], completion_id)
+            if self.token_s:
+                self.paced(b"".join(reply), stream=kind[2])
+            else:
+                self.transport.writelines(reply)
         elif path in ("/health", "/v1/models"):
             self.transport.write(self.replies.health)
         else:
             self.transport.write(self.replies.not_found)
+
+    def paced(self, reply: bytes, stream: bool) -> None:
+        """As an engine that generates: a stream's first frame now and one more every
+        ``token_s``; a whole reply once all its frames would have been generated."""
+        head, _, body = reply.partition(b"\r\n\r\n")
+        frames = [f + b"\n\n" for f in body.split(b"\n\n") if f] if stream else []
+        loop = asyncio.get_running_loop()
+        if not stream:
+            loop.call_later(STREAM_FRAMES * self.token_s, self.transport.write, reply)
+            return
+        self.transport.write(head + b"\r\n\r\n" + frames[0])
+        for i, frame in enumerate(frames[1:], start=1):
+            loop.call_later(i * self.token_s, self.transport.write, frame)
 
     @staticmethod
     def _with_id(parts: list[bytes], completion_id: bytes) -> list[bytes]:
@@ -197,8 +219,9 @@ class EngineProtocol(asyncio.Protocol):
         return out
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, token_ms: float = 0.0) -> None:
     EngineProtocol.replies = Replies.build()
+    EngineProtocol.token_s = token_ms / 1000
     loop = asyncio.get_running_loop()
     server = await loop.create_server(EngineProtocol, host, port, backlog=4096)
     print(f"fake engine on http://{host}:{port}", flush=True)
@@ -210,8 +233,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8199)
+    parser.add_argument(
+        "--token-ms",
+        type=float,
+        default=0.0,
+        help="pace replies as generated: a stream frame every TOKEN_MS, a whole reply after all",
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port))
+    asyncio.run(serve(args.host, args.port, args.token_ms))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def measure(strategy: str, records: list[CaptureRecord], repeats: int) -> dict[s
         "seconds": min(times),
         "peak_mib": peak / 2**20,
         "traces": len(traj.traces),
-        "per_trace": traj.metadata["completions_per_trace"],
+        "per_trace": traj.stats.completions_per_trace,
     }
 
 

@@ -31,7 +31,6 @@ import httpx
 
 from polar.capture.store import CaptureStore
 from polar.engines.base import Engine
-from polar.engines.model_files import load_tokenizer
 from polar.engines.openai_compat import read_prefix_cache
 from polar.engines.pool import EnginePool, Replica
 from polar.engines.registry import EngineConfig
@@ -42,6 +41,7 @@ from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
+from polar.rendering.model_files import load_tokenizer
 
 SYSTEM = (
     "You are a coding agent working in a repository checkout. You can run shell commands "

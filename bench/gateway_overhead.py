@@ -15,6 +15,12 @@ load; p50/p99 are differences of percentiles. Sessions are closed loops, in two 
   that mean) before each call, standing for generation and tool time, so the latency is what the
   gateway adds while it keeps up (agent sessions spend most of their time away from it).
 
+* 1 to 1,000 sessions (``--scale``, ``--scale-loads SESSIONS:THINK_MS:SECONDS``): one paced mix
+  per load, every session cycling through all APIs, streamed and not; added p50/p99 per API,
+  added time to first byte and to first content event for streams, gateway CPU per call and its
+  run-queue wait, RSS per session, descriptors, and every acknowledged call checked against the
+  store (``polar capture verify``); ``--engine-token-ms`` paces the fake engine as generating.
+
 Gateway CPU ms/req is the server process's user+system CPU time (all threads) over the cell,
 per call: unlike latency it barely depends on what else the machine is running.
 
@@ -35,7 +41,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
+import resource
 import secrets
 import shutil
 import socket
@@ -54,12 +63,25 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bodies
-from _load import CellResult, Connection, encode_request, run_cell
+from _load import (
+    Call,
+    CellResult,
+    Connection,
+    MixResult,
+    encode_request,
+    percentile,
+    process_cpu_s,
+    process_fds,
+    process_rss_kib,
+    run_cell,
+    run_paced_mix,
+)
 from polar.engines.vllm import VLLMEngine
 from polar.gateway.config import GatewayConfig
 from polar.gateway.policy import apply_policy
 from polar.providers.base import RequestContext
 from polar.providers.registry import PROVIDERS
+from polar.serving import raise_descriptor_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
@@ -381,6 +403,289 @@ def report(args: argparse.Namespace, polar: list[Row], litellm: list[Row]) -> st
     return "\n".join(parts)
 
 
+# -- 1 to 1,000 paced sessions (--scale) -------------------------------------------------------
+
+# The first content event of a stream, per API (the fake engine's text starts with "I").
+CONTENT_MARKERS = {
+    "openai_chat": re.compile(rb'"content":"[^"]'),
+    "openai_responses": re.compile(rb"response\.output_text\.delta"),
+    "anthropic": re.compile(rb"content_block_delta"),
+    "google": re.compile(rb'"text":"[^"]'),
+}
+
+
+@dataclass(frozen=True)
+class ScaleLoad:
+    sessions: int
+    think_s: float
+    seconds: float
+
+
+@dataclass
+class ScaleRow:
+    load: ScaleLoad
+    gateway: MixResult
+    direct: MixResult
+    rss_after_kib: int  # once the cell's connections are closed (its sessions still open)
+    neighbours_cpu: tuple[float, float] = (0.0, 0.0)  # load generator, fake engine: CPU s per s
+
+
+@dataclass
+class ScaleRun:
+    rows: list[ScaleRow]
+    fresh_rss_kib: int
+    fresh_fds: int
+    idle_cpu_ms_per_s: float
+    acknowledged: dict[str, int]  # session id -> 200 replies
+    verify: dict[str, Any]
+    nofile: tuple[int, int]
+
+
+def call_label(provider: str, stream: bool) -> str:
+    return f"{provider} {'stream' if stream else 'json'}"
+
+
+def scale_calls(cases: dict[CaseKey, Case], body_name: str, key: str | None) -> list[Call]:
+    """One session's kinds of call: every API, streamed and not, through the gateway (``key``)
+    or straight to the engine (None: Polar's upstream body; for streams, the same streamed)."""
+    calls = []
+    for (name, provider, stream), case in cases.items():
+        if name != body_name:
+            continue
+        label = call_label(provider, stream)
+        if key is None:
+            data = case.plain_direct if stream else case.direct
+            marker = CONTENT_MARKERS["openai_chat"] if stream else None
+        else:
+            data = case.gateway_request(key)
+            marker = CONTENT_MARKERS[provider] if stream else None
+        calls.append(Call(label, data, marker))
+    return calls
+
+
+def check_mix(result: MixResult, what: str) -> None:
+    if result.errors:
+        raise RuntimeError(f"{what}: {result.errors} errors, first: {result.first_error}")
+
+
+class ScaleBench:
+    """The paced cells of one gateway process, over sessions registered as the loads grow."""
+
+    def __init__(
+        self, args: argparse.Namespace, cases: dict[CaseKey, Case], ports: tuple[int, int], pid: int
+    ) -> None:
+        self.args, self.cases, self.pid = args, cases, pid
+        self.engine_port, self.gateway_port = ports
+        self.acknowledged: dict[str, int] = {}  # session key -> 200 replies
+        self.engine_pid = 0
+
+    async def register(self) -> str:
+        admin = {"x-polar-admin-token": self.args.admin_token}
+        body = b'{"metadata":{"bench":"scale"}}'
+        key = (await post_json(self.gateway_port, "/polar/sessions", body, admin))["api_key"]
+        self.acknowledged[key] = 0
+        return str(key)
+
+    async def warm_up(self, key: str) -> None:
+        """Every path three times (imports, first records); these calls count as acknowledged."""
+        conn = Connection(HOST, self.gateway_port)
+        for _ in range(3):
+            for call in scale_calls(self.cases, self.args.scale_body, key):
+                reply = await conn.exchange(call.data, call.marker)
+                if reply.status != 200:
+                    raise RuntimeError(f"warm-up {call.label}: HTTP {reply.status}")
+                self.acknowledged[key] += 1
+        await conn.close()
+
+    async def row(self, load: ScaleLoad, keys: list[str]) -> ScaleRow:
+        args = self.args
+        direct_calls = scale_calls(self.cases, args.scale_body, None)
+        direct = await run_paced_mix(
+            HOST, self.engine_port, [direct_calls] * load.sessions,
+            load.seconds * args.direct_share, load.think_s,
+        )  # fmt: skip
+        check_mix(direct, f"direct, {load.sessions} sessions")
+        sessions = [scale_calls(self.cases, args.scale_body, k) for k in keys]
+        own0, engine0 = time.process_time(), process_cpu_s(self.engine_pid)
+        gateway = await run_paced_mix(
+            HOST, self.gateway_port, sessions, load.seconds, load.think_s, self.pid
+        )
+        neighbours = (
+            (time.process_time() - own0) / gateway.elapsed_s,
+            (process_cpu_s(self.engine_pid) - engine0) / gateway.elapsed_s,
+        )
+        for key, n in zip(keys, gateway.acknowledged, strict=True):
+            self.acknowledged[key] += n
+        check_mix(gateway, f"gateway, {load.sessions} sessions")
+        for label, sample in gateway.samples.items():
+            if b"Read" not in sample:
+                raise RuntimeError(f"{label}: reply lacks the tool call: {sample[:300]!r}")
+        return ScaleRow(load, gateway, direct, process_rss_kib(self.pid), neighbours)
+
+
+async def scale_measure(
+    args: argparse.Namespace, cases: dict[CaseKey, Case], work: Path
+) -> ScaleRun:
+    engine_port, gateway_port = free_port(), free_port()
+    env = os.environ | {"PYTHONPATH": str(ROOT / "src")}
+    engine_argv = [sys.executable, str(ROOT / "bench" / "_fake_engine.py")]
+    engine_argv += ["--port", str(engine_port), "--token-ms", str(args.engine_token_ms)]
+    db = work / "scale-captures.db"
+    gateway_argv = [
+        sys.executable, "-m", "polar.cli.main", "serve-gateway",
+        "--engine", "vllm", "--engine-url", f"http://{HOST}:{engine_port}",
+        "--served-model", SERVED_MODEL, "--port", str(gateway_port),
+        "--capture-db", str(db), "--admin-token", args.admin_token,
+    ]  # fmt: skip
+    rows = []
+    with (
+        process("engine", engine_argv, engine_port, env, work) as engine_pid,
+        process("scale-gateway", gateway_argv, gateway_port, env, work) as pid,
+    ):
+        bench = ScaleBench(args, cases, (engine_port, gateway_port), pid)
+        bench.engine_pid = engine_pid
+        keys = [await bench.register()]
+        await bench.warm_up(keys[0])
+        await asyncio.sleep(args.scale_idle_s)  # the warm-up's connection closed, settled
+        fresh_rss, fresh_fds = process_rss_kib(pid), process_fds(pid)
+        cpu0 = process_cpu_s(pid)
+        await asyncio.sleep(args.scale_idle_s)
+        idle = 1000 * (process_cpu_s(pid) - cpu0) / args.scale_idle_s
+        for load in args.scale_loads:
+            while len(keys) < load.sessions:
+                keys.append(await bench.register())
+            rows.append(await bench.row(load, keys[: load.sessions]))
+            print("  " + scale_summary_row(rows[-1], fresh_rss), file=sys.stderr, flush=True)
+    verify_argv = [sys.executable, "-m", "polar.cli.main", "capture", "verify", "--json", str(db)]
+    done = subprocess.run(verify_argv, env=env, capture_output=True, text=True, check=False)
+    verify = json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr[-2000:]}
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return ScaleRun(rows, fresh_rss, fresh_fds, idle, bench.acknowledged, verify, nofile)
+
+
+def _all(result: MixResult, what: str) -> list[float]:
+    return [v for times in result.by_label.values() for v in getattr(times, what)]
+
+
+def _added(row: ScaleRow, q: float, what: str = "latency_ms", label: str | None = None) -> float:
+    def pick(result: MixResult) -> list[float]:
+        if label is None:
+            return _all(result, what)
+        times = result.by_label.get(label)
+        return list(getattr(times, what)) if times else []
+
+    return percentile(pick(row.gateway), q) - percentile(pick(row.direct), q)
+
+
+def _cpu_ms(row: ScaleRow) -> float:
+    return 1000 * row.gateway.cpu_s / row.gateway.calls if row.gateway.calls else float("nan")
+
+
+SCALE_HEADER = (
+    "| sessions | think s (mean) | calls/s | calls | added p50 ms | added p99 ms "
+    "| p50 / p99 ms direct | gateway CPU ms/call | gateway CPU / waiting for a CPU (s per s) "
+    "| load generator / fake engine CPU (s per s) | RSS MiB (peak) | RSS KiB per session "
+    "| fds (peak) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def scale_summary_row(row: ScaleRow, fresh_rss_kib: int) -> str:
+    g, n = row.gateway, row.load.sessions
+    direct = _all(row.direct, "latency_ms")
+    per_session = (g.peak.rss_kib - fresh_rss_kib) / n
+    return (
+        f"| {n} | {row.load.think_s:g} | {g.calls / g.elapsed_s:.1f} | {g.calls} "
+        f"| {_added(row, 50):.2f} | {_added(row, 99):.2f} "
+        f"| {percentile(direct, 50):.2f} / {percentile(direct, 99):.2f} | {_cpu_ms(row):.2f} "
+        f"| {g.cpu_s / g.elapsed_s:.2f} / {g.wait_s / g.elapsed_s:.2f} "
+        f"| {row.neighbours_cpu[0]:.2f} / {row.neighbours_cpu[1]:.2f} "
+        f"| {g.peak.rss_kib / 1024:.0f} | {per_session:.0f} | {g.peak.fds} |"
+    )
+
+
+def scale_report(args: argparse.Namespace, run: ScaleRun) -> str:
+    rows = run.rows
+    labels = [call_label(p, s) for p in args.providers for s in (False, True)]
+    out = [
+        f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end, "
+        f"Python {sys.version.split()[0]}; descriptor limit {run.nofile[0]} "
+        f"(hard {run.nofile[1]}). Engine: {pacing(args)}. "
+        f"Body: {body_sizes([args.scale_body])}. Every session cycles "
+        f"through {len(labels)} kinds of call ({', '.join(labels)}).",
+        f"Fresh gateway (one session, warmed): RSS {run.fresh_rss_kib / 1024:.0f} MiB, "
+        f"{run.fresh_fds} fds, idle CPU {run.idle_cpu_ms_per_s:.2f} ms/s.",
+        "",
+        SCALE_HEADER,
+        *(scale_summary_row(r, run.fresh_rss_kib) for r in rows),
+        "",
+        "Added latency per API (p50 / p99 ms, gateway minus direct):",
+        "",
+        "| API | " + " | ".join(f"{r.load.sessions} sessions" for r in rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
+    for label in labels:
+        cells = [
+            f"{_added(r, 50, label=label):.2f} / {_added(r, 99, label=label):.2f}" for r in rows
+        ]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "Streams: added time to first byte / to first content event (p50 ms; p99 in brackets):",
+        "",
+        "| API | " + " | ".join(f"{r.load.sessions} sessions" for r in rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
+    for provider in args.providers:
+        label = call_label(provider, True)
+        cells = [
+            f"{_added(r, 50, 'first_byte_ms', label):.2f} ({_added(r, 99, 'first_byte_ms', label):.2f})"
+            f" / {_added(r, 50, 'content_ms', label):.2f} ({_added(r, 99, 'content_ms', label):.2f})"
+            for r in rows
+        ]
+        out.append(f"| {provider} | " + " | ".join(cells) + " |")
+    direct_first = [
+        f"{percentile(r.direct.by_label[call_label(args.providers[0], True)].first_byte_ms, 50):.2f}"
+        for r in rows
+    ]
+    out += ["", f"Direct stream, first byte p50 ms: {', '.join(direct_first)}.", ""]
+    out.append(nothing_lost(run))
+    by_n = {r.load.sessions: r for r in rows}
+    if 32 in by_n and max(by_n) >= 1000:
+        top = by_n[max(by_n)]
+        ratio = _cpu_ms(top) / _cpu_ms(by_n[32])
+        out.append(
+            f"Targets at {top.load.sessions} sessions: added p99 {_added(top, 99):.2f} ms "
+            f"(target < 10); CPU per call {ratio:.2f}x the 32-session figure (target <= 1.5)."
+        )
+    return "\n".join(out)
+
+
+def pacing(args: argparse.Namespace) -> str:
+    if not args.engine_token_ms:
+        return "every reply at once"
+    return f"paced, a stream frame every {args.engine_token_ms:g} ms"
+
+
+def nothing_lost(run: ScaleRun) -> str:
+    """Every acknowledged call in the store, per session, and the store verifies clean."""
+    if "sessions" not in run.verify:
+        return f"Capture verify failed to run: {run.verify}"
+    stored = {s["session_id"]: s["records"] for s in run.verify["sessions"]}
+    acked = sum(run.acknowledged.values())
+    short = [k for k, n in run.acknowledged.items() if stored.get(k, 0) < n]
+    faults = len(run.verify["integrity"]) + sum(len(s["faults"]) for s in run.verify["sessions"])
+    return (
+        f"Nothing lost: {acked} calls acknowledged (200), {sum(stored.values())} records in the "
+        f"store over {len(stored)} sessions; {len(short)} sessions with fewer records than "
+        f"acknowledged calls; `polar capture verify`: {faults} faults."
+    )
+
+
+def parse_scale_load(text: str) -> ScaleLoad:
+    sessions, think_ms, seconds = text.split(":")
+    return ScaleLoad(int(sessions), float(think_ms) / 1000, float(seconds))
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -458,18 +763,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-litellm", dest="litellm", action="store_false")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, capture DB)")
     p.add_argument("--smoke", action="store_true", help="every path once, tiny cells (CI, ~20 s)")
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help="only the 1-to-1,000 paced sessions run (--scale-loads), every API in one mix",
+    )
+    p.add_argument(
+        "--scale-loads",
+        default="1:100:30,32:10000:120,256:10000:60,1000:10000:90",
+        help="SESSIONS:THINK_MS:SECONDS, comma-separated, ascending",
+    )
+    p.add_argument("--scale-body", default="pi", help="the body every scale call carries")
+    p.add_argument(
+        "--direct-share", type=float, default=0.5, help="direct cell length / gateway cell's"
+    )
+    p.add_argument("--scale-idle-s", type=float, default=3.0, help="idle gateway CPU window")
+    p.add_argument(
+        "--engine-token-ms",
+        type=float,
+        default=0.0,
+        help="scale runs: the fake engine paces replies as generated (a frame every N ms)",
+    )
     args = p.parse_args(argv)
     args.admin_token = secrets.token_urlsafe(24)
     if args.smoke:
         args.concurrency, args.paced, args.bodies, args.litellm = "2", "2:50", "pi", False
         args.min_requests, args.per_session, args.max_seconds = 4, 1, 2.0
         args.paced_seconds, args.warmup = 0.5, 1
+        args.scale_loads, args.direct_share, args.scale_idle_s = "2:50:1", 1.0, 0.2
     elif args.quick:
         args.concurrency, args.paced = "1,32", "32:1000"
         args.min_requests, args.per_session, args.max_seconds = 50, 1, 4.0
         args.paced_seconds, args.warmup = 2.0, 10
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     args.paced = [parse_load(x) for x in args.paced.split(",") if x]
+    args.scale_loads = [parse_scale_load(x) for x in args.scale_loads.split(",") if x]
     args.providers = args.providers.split(",")
     args.bodies = args.bodies.split(",")
     return args
@@ -479,8 +807,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="polar-gw-bench-"))
     try:
-        cases = build_cases(args.bodies, args.providers)
-        print(asyncio.run(measure(args, cases, work)))
+        raise_descriptor_limit()  # 1,000 sessions hold 1,000 client sockets here
+        if not args.scale:
+            cases = build_cases(args.bodies, args.providers)
+            print(asyncio.run(measure(args, cases, work)))
+        if args.scale or args.smoke:
+            cases = build_cases([args.scale_body], args.providers)
+            print(scale_report(args, asyncio.run(scale_measure(args, cases, work))))
     finally:
         if args.keep:
             print(f"work dir kept: {work}", file=sys.stderr)

@@ -21,12 +21,14 @@ after rate and of the gain, one evaluation's binomial SE, and the two tests (gai
     python bench/grpo_only.py --seeds 0 1 2 --out bench-results/grpo-only
     python bench/grpo_only.py --smoke                        # tiny model, 1 step (CI)
     python bench/grpo_only.py --seeds 0 1 2 --report-only --out bench-results/grpo-only
+    bash bench/grpo_gain_sized.sh                            # sized for signal (issue 39)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,12 @@ def main() -> None:
     parser.add_argument("--out", default="bench-results/grpo-only")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 step, 1 seed (CI)")
     parser.add_argument("--report-only", action="store_true", help="summarise runs in --out")
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="make the fixed checkpoint and stop (seeds can "
+        "then run side by side, one process each)",
+    )
     args = parser.parse_args()
     model = smoke_sizes(args, "grpo-only")
     out = Path(args.out)
@@ -62,6 +70,8 @@ def main() -> None:
     warm_dir = out / "warm"
     if not args.report_only:
         fixed_checkpoint(recipe_from(args, model, args.warm_seed, {}), warm_dir)
+    if args.warm_only:
+        return
     through_codex = {"harness": "codex", "eval_seed": args.eval_seed}
     runs = []
     for seed in args.seeds:
@@ -80,7 +90,11 @@ def main() -> None:
 
 def fixed_checkpoint(base: Any, warm_dir: Path) -> None:
     """The warm start through Pi, made once: a rerun (or another seed) reuses it, and refuses
-    one made with a different model, seed or demonstration count."""
+    one made with a different model, seed or demonstration count.
+
+    Made in a process of its own: Linux carries a process's peak RSS over to the programs it
+    starts, so a seed's process spawned after an SFT in this one reported the SFT's peak as its
+    own (2,952 MiB, above the seed's 1,931 MiB at that point)."""
     made = {
         "model": base.model,
         "seed": base.seed,
@@ -97,7 +111,11 @@ def fixed_checkpoint(base: Any, warm_dir: Path) -> None:
             )
         print(f"the fixed checkpoint: {warm_dir} (reused)", flush=True)
         return
-    warm_start(base, warm_dir)
+    proc = multiprocessing.get_context("spawn").Process(target=warm_start, args=(base, warm_dir))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise SystemExit(f"the warm start's process failed (exit code {proc.exitcode})")
     record.write_text(json.dumps(made, indent=2))
 
 

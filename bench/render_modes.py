@@ -33,12 +33,12 @@ from starlette.routing import Route
 
 from polar.capture.records import CaptureRecord
 from polar.capture.store import CaptureStore
-from polar.engines.model_files import load_tokenizer
 from polar.engines.scripted import Script, ScriptedBackend, create_scripted_app
 from polar.gateway.app import create_app
 from polar.gateway.config import GatewayConfig
-from polar.gateway.engine_check import BASH_TOOL, SYSTEM
 from polar.gateway.server import BackgroundServer
+from polar.rendering.model_files import load_tokenizer
+from polar.stack.engine_check import BASH_TOOL, SYSTEM
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
 TOOLS = [BASH_TOOL]  # the tool polar check-engine's sessions use
@@ -167,7 +167,7 @@ async def run_mode(engine_url: str, mode: str, sessions: int, turns: int) -> dic
             for trace in trajectory.traces:
                 context = list(trace.prompt_ids)
                 position = 0
-                for index, cid in enumerate(trace.metadata["completion_ids"]):
+                for index, cid in enumerate(trace.stats.completion_ids):
                     rec = by_id[cid]
                     n = len(rec.prompt_ids) - len(context)
                     seen = context + trace.response_ids[position : position + max(n, 0)]

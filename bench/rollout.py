@@ -1,6 +1,6 @@
 """Benchmark the gateway node's session pools and the rollout server's scheduler.
 
-1. Run-slot utilisation. The real :class:`~polar.gateway.lifecycle.Lifecycle` drives sessions
+1. Run-slot utilisation. The real :class:`~polar.gateway.node.lifecycle.Lifecycle` drives sessions
    whose runtime start costs ``--start`` seconds and whose harness makes ``--calls`` model calls
    to a fake engine of ``--latency`` seconds each. With a READY buffer, INIT overlaps the runs;
    with ``ready_buffer: 0`` each run slot first starts its own runtime (INIT inline on the run
@@ -32,7 +32,7 @@ import httpx
 
 from polar.delivery import RetryPolicy
 from polar.gateway.config import NodeConfig
-from polar.gateway.lifecycle import Lifecycle, NodeSession, RunOutcome
+from polar.gateway.node.lifecycle import Lifecycle, NodeSession, RunOutcome
 from polar.rollout.config import RolloutServerConfig
 from polar.rollout.scheduler import NodeLoad, choose_node
 from polar.rollout.service import RolloutService
@@ -123,7 +123,7 @@ async def pools(
     task = TaskRequest(task_id="bench", instruction="x", timeout_seconds=3600)
     began = time.perf_counter()
     for i in range(sessions):
-        life.dispatch(SessionDispatch(session_id=f"bench-session-{i:06d}", task=task))
+        await life.dispatch(SessionDispatch(session_id=f"bench-session-{i:06d}", task=task))
     for i in range(sessions):
         await life.wait(f"bench-session-{i:06d}")
     makespan = time.perf_counter() - began

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from polar.engines.embedded import EmbeddedEngineCore, GenerationParams, load_model
+from polar.harnesses.pi import COMPACT_SETTINGS as PI_COMPACT
 from polar.quickstart.tasks import load_suite
-from polar.stack.plan import PI_COMPACT
 
 # Pi 0.73.1's bash and write tools, as it sends them (captured from a quickstart run).
 PI_TOOLS: list[dict[str, Any]] = [
