@@ -8,6 +8,7 @@ first with a tool call (a shell command the harness really executes) and then wi
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from polar.engines.scripted import ScriptedReply
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.harnesses.base import HarnessContext
-from polar.harnesses.install import default_prefix, install
+from polar.harnesses.install import default_prefix, install, install_latest, latest_prefix
 from polar.harnesses.registry import CLI_PRESETS, create_harness
 from polar.harnesses.runner import HarnessOutcome, run_launch
 from polar.runtimes.base import Runtime
@@ -54,13 +55,24 @@ print("gateway", urllib.request.urlopen(inside_url + "/health", timeout=10).stat
 """
 
 
+# The drift check: POLAR_CLI_VERSIONS=latest runs every real-CLI test (marker cli_drift, given
+# to each test that takes harness_prefix) on npm's latest CLIs instead of the pinned ones.
+CLI_VERSIONS = os.environ.get("POLAR_CLI_VERSIONS", "pinned")
+
+
 @pytest.fixture(scope="session")
 def harness_prefix() -> Path:
-    """All six CLIs, installed once into the user cache (a no-op when already there)."""
+    """All six CLIs, installed once into the user cache (a no-op when already there); at npm's
+    latest, in a prefix of their own, under ``POLAR_CLI_VERSIONS=latest``."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed: the harness install step needs it")
+    if CLI_VERSIONS == "latest":
+        versions = install_latest(CLI_PRESETS, latest_prefix(), echo=lambda line: None)
+        print(f"CLIs at npm's latest: {versions}")
+        return latest_prefix()
+    assert CLI_VERSIONS == "pinned", f"POLAR_CLI_VERSIONS is pinned or latest, not {CLI_VERSIONS}"
     return install(CLI_PRESETS, default_prefix(), echo=lambda line: None)
 
 

@@ -1,4 +1,5 @@
-"""``polar harness install NAME|all`` and ``polar harness list``: the agent CLIs Polar runs."""
+"""``polar harness install NAME|all`` and ``polar harness list``: the agent CLIs Polar runs
+(``install --latest``: npm's newest, apart from the pinned ones, to see drift early)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from polar.errors import HarnessError
-from polar.harnesses.install import default_prefix, install, is_installed, pinned_packages
+from polar.harnesses.install import (
+    default_prefix,
+    install,
+    install_latest,
+    is_installed,
+    latest_prefix,
+    pinned_packages,
+)
 from polar.harnesses.registry import CLI_PRESETS, create_harness, harnesses
 
 
@@ -21,7 +29,15 @@ def add_parser(sub: Any) -> None:
         "--prefix",
         type=Path,
         default=None,
-        help=f"install prefix (default: $POLAR_HARNESS_PREFIX or {default_prefix()})",
+        help=f"install prefix (default: $POLAR_HARNESS_PREFIX or {default_prefix()}; with "
+        f"--latest, {latest_prefix()})",
+    )
+    inst.add_argument(
+        "--latest",
+        action="store_true",
+        help="npm's latest version of each CLI instead of the pinned one, into a prefix of its "
+        "own (the drift check: POLAR_CLI_VERSIONS=latest pytest -m cli_drift runs the real-CLI "
+        "tests on it)",
     )
     inst.set_defaults(func=_install)
 
@@ -32,7 +48,10 @@ def add_parser(sub: Any) -> None:
 
 def _install(args: argparse.Namespace) -> int:
     try:
-        install(args.names, args.prefix)
+        if args.latest:
+            install_latest(args.names, args.prefix)
+        else:
+            install(args.names, args.prefix)
     except HarnessError as exc:
         print(f"polar: error: {exc}")
         return 1

