@@ -44,9 +44,6 @@ BREAK_RETRY = "retry"
 BREAK_PROMPT_IDS_MISSING = "prompt_ids_missing"
 BREAK_CONTEXT_DRIFT = "context_drift"
 
-UNTRAINABLE_ABORTED = "aborted"
-UNTRAINABLE_MULTI_VERSION = "multiple_policy_versions"
-
 
 class BuilderConfig(BaseModel):
     """Options shared by the builders (``builder.config`` of a TaskRequest)."""
@@ -295,16 +292,17 @@ class Builder(ABC):
             metadata=stats.written(),
         )
 
-    def _untrainable_reasons(self, records: list[CaptureRecord]) -> list[str]:
+    def _untrainable_reasons(self, records: list[CaptureRecord]) -> list[MaskReason]:
+        """Why the whole trace is masked out of the loss (the reasons are its mask spans')."""
         reasons = []
         if not self.config.aborted_trainable and any(is_aborted(r) for r in records):
-            reasons.append(UNTRAINABLE_ABORTED)
+            reasons.append(MaskReason.ABORTED)
         if not self.config.multi_version_trainable and len(_versions(records)) > 1:
-            reasons.append(UNTRAINABLE_MULTI_VERSION)
+            reasons.append(MaskReason.MULTIPLE_POLICY_VERSIONS)
         return reasons
 
     def _trace_stats(
-        self, seg: Segment, untrainable: list[str], inexact: list[str], starts: list[int]
+        self, seg: Segment, untrainable: list[MaskReason], inexact: list[str], starts: list[int]
     ) -> TraceStats:
         recs = seg.records
         return TraceStats(
@@ -325,7 +323,7 @@ class Builder(ABC):
             policy_versions=_versions(recs),
             aborted=any(is_aborted(r) for r in recs),
             trainable=not untrainable,
-            untrainable_reasons=untrainable,
+            untrainable_reasons=[str(reason) for reason in untrainable],
             sampled_tokens=sum(len(r.sampled_ids) for r in recs),
             flags=sorted({f for r in recs for f in r.flags}),
             call_spans=[
@@ -393,12 +391,15 @@ def is_aborted(record: CaptureRecord) -> bool:
 
 
 def _mask_spans(
-    records: list[CaptureRecord], starts: list[int], untrainable: list[str], masking: _Masking
+    records: list[CaptureRecord],
+    starts: list[int],
+    untrainable: list[MaskReason],
+    masking: _Masking,
 ) -> list[MaskSpan]:
     """Each call's sampled span masked out of the loss, once per reason that applies."""
     spans = []
     for rec, start in zip(records, starts, strict=True):
-        reasons = [MaskReason(r) for r in untrainable]
+        reasons = list(untrainable)
         if rec.completion_id in masking.tree.abandoned:
             reasons.append(MaskReason.RETRY_ABANDONED)
         if masking.stale(rec):
