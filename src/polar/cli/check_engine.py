@@ -35,6 +35,13 @@ def add_parser(sub: Any) -> None:
         help="send tool_choice (required, then the bash function by name) on every call, so a "
         "weak or random model still makes tool calls and the next turns are spliced onto them",
     )
+    parser.add_argument(
+        "--engine-reasoning-parser",
+        metavar="NAME",
+        help="the reasoning parser the engine runs (vLLM --reasoning-parser NAME): forced "
+        "calls are then constrained only after the model ends its reasoning, as vLLM applies "
+        "the grammar, and the records say so",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=_check)
 
@@ -53,6 +60,7 @@ def _check(args: argparse.Namespace) -> int:
             sessions=args.sessions,
             turns=args.turns,
             force_tools=args.force_tools,
+            engine_reasoning_parser=args.engine_reasoning_parser,
         )
     )
     if args.json:

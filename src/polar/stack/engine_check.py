@@ -194,6 +194,8 @@ class EngineCheck:
     notes: list[str] = field(default_factory=list)
     # Why ``force_tools`` could not force calls (the family has no call pattern), if it could not.
     unforceable: str | None = None
+    # The engine's reasoning parser the gateway was told of (forced grammars after reasoning).
+    engine_reasoning_parser: str | None = None
 
     @property
     def unexercised(self) -> list[str]:
@@ -275,9 +277,13 @@ async def check_engine(
     turns: int = 4,
     max_tokens: int = 96,
     force_tools: bool = False,
+    engine_reasoning_parser: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> EngineCheck:
-    """Probe the engine at ``url`` (the server root, without ``/v1``); see the module doc."""
+    """Probe the engine at ``url`` (the server root, without ``/v1``); see the module doc.
+    ``engine_reasoning_parser`` names the reasoning parser the engine was started with (vLLM
+    ``--reasoning-parser``), as the gateway in front of it must be told: a forced call's
+    grammar then starts after the reasoning, and the records say so."""
     tap = RecordingTransport(transport)
     engine = VLLMEngine(url.rstrip("/"), transport=tap)
     with tempfile.TemporaryDirectory(prefix="polar-check-engine-") as workdir:
@@ -293,12 +299,15 @@ async def check_engine(
                 "chat_template": chat_template,
                 "family": family,
                 "tool_parser": tool_parser,
+                "engine_reasoning_parser": engine_reasoning_parser,
             },
             sampling=SamplingPolicy(temperature=1.0, top_p=1.0),
         )
         app = create_app(config, engine=engine, store=store)
         try:
-            return await _probe(app, tap, url, sessions, turns, max_tokens, force_tools)
+            check = await _probe(app, tap, url, sessions, turns, max_tokens, force_tools)
+            check.engine_reasoning_parser = engine_reasoning_parser
+            return check
         finally:
             await engine.aclose()
             store.close()
@@ -531,6 +540,11 @@ def format_report(check: EngineCheck) -> str:
         f"family   {check.family or '(none detected)'}",
         f"render   {check.render_mode}",
     ]
+    if check.engine_reasoning_parser:
+        lines.append(
+            f"engine reasoning parser {check.engine_reasoning_parser} "
+            "(a forced call's grammar starts after the reasoning)"
+        )
     lines += [f"note     {note}" for note in check.notes]
     if check.render_mode != "gateway":
         lines.append("FAIL     the gateway cannot render for this model: pass --tokenizer")

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from polar.cli.main import main
 from polar.engines.scripted import Script, ScriptedBackend, ScriptedReply, create_scripted_app
 from polar.gateway.server import BackgroundServer
+from polar.rendering import call_patterns
 from polar.rendering.families.registry import get_family
 from polar.rendering.model_files import tokenizer_cache_path
 from polar.rendering.tool_text import messages_for_plain_template
@@ -196,3 +197,32 @@ async def test_force_tools_on_a_family_with_no_call_pattern_says_so_and_is_not_o
     report = format_report(check)
     assert "not run  forced tool calls were not sent" in report
     assert "try --force-tools" not in report
+
+
+def test_an_engine_reasoning_parser_moves_the_forced_grammar_after_the_reasoning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Told the engine runs a reasoning parser (vLLM then applies a grammar only once the
+    reasoning has ended), the forced calls' pattern is the one that starts there, and the report
+    names the parser; the sessions are still checked in full."""
+    sent: dict[str | None, list[str]] = {}
+    for parser in (None, "qwen3"):
+        backend = ScriptedBackend(
+            Script(default=ScriptedReply(tool_calls=[("bash", {"command": "ls"})])),
+            noncanonical=True,
+        )
+        args = ["--engine-reasoning-parser", parser] if parser else []
+        with BackgroundServer(create_scripted_app(backend)) as server:
+            code = main(["check-engine", server.url, "--sessions", "1", "--turns", "2",
+                         "--force-tools", *args])  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert ("engine reasoning parser qwen3" in out) == (parser is not None), out
+        sent[parser] = [
+            b["structured_outputs"]["regex"]
+            for b in backend.requests
+            if isinstance(b.get("prompt"), list)
+        ]
+    assert len(sent[None]) == len(sent["qwen3"]) == 2
+    assert sent["qwen3"] == [call_patterns.after_reasoning(r) for r in sent[None]]
+    assert sent["qwen3"] != sent[None]
