@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +255,42 @@ async def test_codex_remote_compaction_is_refused_by_name(
         await run_cli(live_gateway, tmp_path, harness_prefix, "codex", replies, settings)
     assert "input item type 'compaction_trigger' is not supported" in str(failed.value)
     assert len(live_gateway.engine_log) == 2
+
+
+REVIEW = json.dumps(
+    {
+        "findings": [],
+        "overall_correctness": "patch is correct",
+        "overall_explanation": "Nothing to change.",
+        "overall_confidence_score": 0.9,
+    }
+)
+
+
+async def test_codex_review_is_a_review_subagent_trace_by_its_headers(
+    live_gateway: Any, tmp_path: Path, harness_prefix: Path
+) -> None:
+    """Real ``codex exec review``: Codex runs the review as a sub-agent of a root thread that
+    makes no model call itself. Its calls carry Codex's own ids (a thread of its own, the
+    root thread as its parent, ``x-openai-subagent: review``); the session tree is one review
+    trace of both calls, kind subagent by the headers, and prefix inference agrees."""
+    replies = [
+        ScriptedReply(tool_calls=[shell_call("codex", "ls")]),
+        ScriptedReply(content=REVIEW),
+    ]
+    run = await run_cli(live_gateway, tmp_path, harness_prefix, "codex", replies, {"review": True})
+    assert run.outcome.exit_code == 0, run.outcome
+    assert "Nothing to change." in run.outcome.stdout_tail
+    assert len(run.records) == 2, [r.response for r in run.records]
+    ids = [r.harness_ids for r in run.records]
+    assert ids[0] is not None and ids[0] == ids[1]
+    assert (ids[0].cli, ids[0].subagent) == ("codex", "review")
+    assert ids[0].parent == ids[0].session != ids[0].agent
+    trajectory = create_builder("prefix_merging").build(run.records)
+    (trace,) = trajectory.traces
+    assert trace.stats.completion_ids == [r.completion_id for r in run.records]
+    assert trace.lineage is not None
+    assert (trace.lineage.kind, trace.lineage.parent_call) == (TraceKind.SUBAGENT, None)
+    assert trace.lineage.harness == ids[0]
+    assert trace.lineage.disagreements == []
+    assert trajectory.stats.merged_calls == trajectory.stats.context_exact_calls == 1

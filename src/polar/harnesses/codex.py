@@ -52,6 +52,12 @@ class CodexSettings(ConfigFileSettings):
         description="Base instructions in place of Codex's own (~17 KB): written to "
         "$CODEX_HOME/instructions.md and named by model_instructions_file.",
     )
+    review: bool = Field(
+        False,
+        description="Run Codex's code review (`codex exec review`) instead of a task: the "
+        "instruction is the review's own instructions, and Codex runs it as a review "
+        "sub-agent (x-openai-subagent: review), a trace of that kind in the session tree.",
+    )
     websocket: bool = Field(
         False,
         description="Responses over a WebSocket (the gateway provider's supports_websockets): "
@@ -74,6 +80,7 @@ class Codex(Harness):
         argv = [
             *self.command(ctx, settings),
             "exec",
+            *(["review"] if settings.review else []),
             "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
             "--ephemeral",

@@ -292,7 +292,11 @@ def _by_harness_ids(
             decided = CallLink(None, Relation.NEW_AGENT, TraceKind.MAIN, HEADERS_DECIDED)
         else:  # a sub-agent's first call: its parent call is its spawner's latest
             spawner = latest.get(ids.parent, link.parent)
-            agrees = link.relation is Relation.NEW_AGENT and prefix_agent in (ids.parent, None)
+            # A spawner with no call here (``codex exec review``: the root thread only starts
+            # the review) leaves the sub-agent's first call the session's first, by both views.
+            unseen_spawner = link.relation is Relation.FIRST and ids.parent not in latest
+            new_by_prefix = link.relation is Relation.NEW_AGENT or unseen_spawner
+            agrees = new_by_prefix and prefix_agent in (ids.parent, None)
             decided = CallLink(spawner, Relation.NEW_AGENT, TraceKind.SUBAGENT, HEADERS_DECIDED)
             if agrees:
                 link = replace(link, parent=spawner, role=TraceKind.SUBAGENT)

@@ -94,6 +94,19 @@ def test_codex_launch() -> None:
     }
 
 
+def test_codex_review_runs_codex_exec_review_with_the_instruction_as_its_instructions() -> None:
+    launch = create_harness("codex").prepare(ctx({"review": True}))
+    assert launch.argv[2:] == [
+        "exec",
+        "review",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "--ephemeral",
+        "--",
+        TASK,
+    ]
+
+
 def test_codex_mcp_and_config_overrides_land_in_toml() -> None:
     settings = {
         "mcp_servers": {"docs": {"command": "docs-server", "args": ["--x"], "env": {"A": "1"}}},

@@ -114,3 +114,19 @@ def test_calls_without_ids_keep_the_prefix_tree() -> None:
     branch = build([main1, sub1])[sub1.completion_id]
     assert (branch.lineage.kind, branch.lineage.harness) == (TraceKind.SUBAGENT, None)
     assert branch.lineage.disagreements == []
+
+
+def test_a_sub_agent_whose_spawner_made_no_call_agrees_with_the_first_call() -> None:
+    """``codex exec review``: the root thread only starts the review, so the review sub-agent's
+    first call is the session's first. The ids (a sub-agent of a thread with no call here)
+    and the prefixes (the first call) agree: a subagent trace with no parent call, no
+    disagreement reported."""
+    calls = [
+        sent(CODEX_REVIEW, [*SYSTEM, 4, 99, 3], [50, 99]),
+        sent(CODEX_REVIEW, [*SYSTEM, 4, 99, 3, 50, 99, 5], [51, 99]),
+    ]
+    (review,) = build(calls).values()
+    assert review.metadata["completion_ids"] == [c.completion_id for c in calls]
+    assert (review.lineage.kind, review.lineage.parent_call) == (TraceKind.SUBAGENT, None)
+    assert review.lineage.harness == calls[0].harness_ids
+    assert review.lineage.disagreements == []
