@@ -22,7 +22,7 @@ from polar.engines.scripted import ScriptedReply
 from polar.gateway.server import BackgroundServer
 from polar.gateway.services import app_services
 from polar.harnesses.base import HarnessContext
-from polar.harnesses.install import default_prefix, install, install_latest, latest_prefix
+from polar.harnesses.install import default_prefix, install, latest_versions
 from polar.harnesses.registry import CLI_PRESETS, create_harness
 from polar.harnesses.runner import HarnessOutcome, run_launch
 from polar.runtimes.base import Runtime
@@ -69,9 +69,9 @@ def harness_prefix() -> Path:
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed: the harness install step needs it")
     if CLI_VERSIONS == "latest":
-        versions = install_latest(CLI_PRESETS, latest_prefix(), echo=lambda line: None)
-        print(f"CLIs at npm's latest: {versions}")
-        return latest_prefix()
+        prefix = install(CLI_PRESETS, echo=lambda line: None, latest=True)
+        print(f"CLIs at npm's latest: {latest_versions(prefix)}")
+        return prefix
     assert CLI_VERSIONS == "pinned", f"POLAR_CLI_VERSIONS is pinned or latest, not {CLI_VERSIONS}"
     return install(CLI_PRESETS, default_prefix(), echo=lambda line: None)
 

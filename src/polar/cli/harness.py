@@ -11,7 +11,6 @@ from polar.errors import HarnessError
 from polar.harnesses.install import (
     default_prefix,
     install,
-    install_latest,
     is_installed,
     latest_prefix,
     pinned_packages,
@@ -48,10 +47,7 @@ def add_parser(sub: Any) -> None:
 
 def _install(args: argparse.Namespace) -> int:
     try:
-        if args.latest:
-            install_latest(args.names, args.prefix)
-        else:
-            install(args.names, args.prefix)
+        install(args.names, args.prefix, latest=args.latest)
     except HarnessError as exc:
         print(f"polar: error: {exc}")
         return 1

@@ -10,7 +10,7 @@ the host's Node version does not matter. Install scripts are not run: the preset
 platform binaries directly. A stamp file makes a repeated install a no-op, and a file lock
 keeps two processes from installing into one prefix at once.
 
-For drift checks, :func:`install_latest` puts each CLI at npm's ``latest`` into a prefix of its
+For drift checks, ``install(latest=True)`` puts each CLI at npm's ``latest`` into a prefix of its
 own (no lockfile, no version check: what users get today), and says which versions it got.
 """
 
@@ -46,7 +46,7 @@ def default_prefix() -> Path:
 
 
 def latest_prefix() -> Path:
-    """Where :func:`install_latest` installs: ``<polar cache>/harnesses-latest``, apart from the
+    """Where ``install(latest=True)`` installs: ``<polar cache>/harnesses-latest``, apart from the
     pinned CLIs so a drift check never replaces them."""
     return cache_dir() / "harnesses-latest"
 
@@ -78,13 +78,18 @@ def install(
     *,
     echo: Callable[[str], None] = print,
     npm: str = "npm",
+    latest: bool = False,
 ) -> Path:
     """Install the CLIs of ``names`` (or ``all``) into ``prefix``; returns the prefix.
 
     Idempotent: CLIs already installed from the same lockfile are kept without running npm.
+    ``latest``: npm's ``latest`` of each CLI instead, into :func:`latest_prefix` by default
+    (see :func:`_install_latest`; :func:`latest_versions` says what it got).
     """
-    prefix = (prefix or default_prefix()).absolute()
     wanted = resolve_names(names)
+    if latest:
+        return _install_latest(wanted, (prefix or latest_prefix()).absolute(), echo, npm)
+    prefix = (prefix or default_prefix()).absolute()
     prefix.mkdir(parents=True, exist_ok=True)
     with (prefix / ".install.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -104,18 +109,16 @@ def install(
     return prefix
 
 
-def install_latest(
-    names: Iterable[str],
-    prefix: Path | None = None,
-    *,
-    echo: Callable[[str], None] = print,
-    npm: str = "npm",
-) -> dict[str, str]:
-    """Install the CLIs of ``names`` (or ``all``) at npm's ``latest`` into ``prefix`` (default
-    :func:`latest_prefix`); returns each package's installed version. Node stays pinned. A CLI
-    whose entry point moved (the preset's ``binary``) is an error naming it: that is drift."""
-    prefix = (prefix or latest_prefix()).absolute()
-    wanted = resolve_names(names)
+def latest_versions(prefix: Path | None = None) -> dict[str, str]:
+    """What the last ``install(latest=True)`` into ``prefix`` got: package -> version."""
+    stamp = (prefix or latest_prefix()) / LATEST_STAMP
+    return dict(json.loads(stamp.read_text())) if stamp.exists() else {}
+
+
+def _install_latest(wanted: list[str], prefix: Path, echo: Callable[[str], None], npm: str) -> Path:
+    """npm's latest of each CLI (Node stays pinned), without the lockfile or its version
+    check: what users get today. A CLI whose entry point moved (the preset's ``binary``) is
+    an error naming it: that is drift."""
     prefix.mkdir(parents=True, exist_ok=True)
     pinned = pinned_packages()
     deps = {
@@ -126,13 +129,9 @@ def install_latest(
         fcntl.flock(lock, fcntl.LOCK_EX)
         (prefix / "package-lock.json").unlink(missing_ok=True)
         _npm_install(prefix, deps, echo, npm, locked=False)
+        modules = prefix / "node_modules"
         versions = {
-            package: str(
-                json.loads((prefix / "node_modules" / package / "package.json").read_text())[
-                    "version"
-                ]
-            )
-            for package in deps
+            p: str(json.loads((modules / p / "package.json").read_text())["version"]) for p in deps
         }
         moved = [n for n in wanted if not is_installed(create_harness(n), prefix)]
         if moved:
@@ -143,7 +142,7 @@ def install_latest(
         (prefix / LATEST_STAMP).write_text(json.dumps(versions, indent=2) + "\n")
     for package, version in versions.items():
         echo(f"{package} {version} (pinned {pinned.get(package, '-')})")
-    return versions
+    return prefix
 
 
 def _packages(names: Iterable[str]) -> list[str]:

@@ -276,24 +276,31 @@ def _parts(content: Any) -> list[dict[str, Any]]:
         elif kind == "refusal":
             parts.append({"type": "text", "text": required_str(part, "refusal", "a refusal")})
         elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str) or not url:
-                raise InvalidRequest("input_image needs an image_url (file ids are not supported)")
-            image: dict[str, Any] = {"url": url}
-            if isinstance(part.get("detail"), str):
-                image["detail"] = part["detail"]
+            image = _inline(part, ("image_url", "url"), "detail", "input_image needs an image_url")
             parts.append({"type": "image_url", "image_url": image})
         elif kind == "input_file":
-            data = part.get("file_data")
-            if not isinstance(data, str) or not data:
-                raise InvalidRequest("input_file needs file_data (file ids are not supported)")
-            file: dict[str, Any] = {"file_data": data}
-            if isinstance(part.get("filename"), str):
-                file["filename"] = part["filename"]
+            file = _inline(
+                part, ("file_data", "file_data"), "filename", "input_file needs file_data"
+            )
             parts.append({"type": "file", "file": file})
         else:
             raise InvalidRequest(f"unsupported content part type {kind!r}")
     return parts
+
+
+def _inline(
+    part: dict[str, Any], source: tuple[str, str], optional: str, needs: str
+) -> dict[str, Any]:
+    """An inline image or file part in Chat Completions' shape: ``part[source[0]]`` (a
+    non-empty string, else ``needs``: file ids are not supported) as ``source[1]``, and
+    ``optional`` where it is a string."""
+    value = part.get(source[0])
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{needs} (file ids are not supported)")
+    inline: dict[str, Any] = {source[1]: value}
+    if isinstance(part.get(optional), str):
+        inline[optional] = part[optional]
+    return inline
 
 
 def _text_only(content: Any, what: str) -> str:
