@@ -42,7 +42,8 @@ def pytest_runtest_makereport(
 # loadgroup): each file is one group, so its module and session fixtures (servers, engines,
 # tokenizers) start once; every bench smoke is a group of its own (each is a subprocess, and
 # together they are the suite's longest file); the files that start a Ray cluster on this host
-# share one group, so two clusters never run at once.
+# share one group, so two clusters never run at once; each vLLM server of the family matrix
+# (a module fixture with a param per family) is a group of its own, so both workers serve them.
 RAY_FILES = {
     "tests/integration/test_ray_cluster.py",
     "tests/integration/test_nemo_gym_env.py",
@@ -51,15 +52,18 @@ RAY_FILES = {
     "tests/unit/rollout/test_ray_cli.py",
 }
 RAY_BENCHES = {"ray_nodes"}
+PER_SERVER_FILES = {"tests/integration/test_vllm_families.py"}
 
 
 def worker_group(item: pytest.Item) -> str:
     """The xdist group ``item`` runs in (see above)."""
     path = Path(str(item.path)).relative_to(Path(__file__).parent.parent).as_posix()
-    bench = getattr(item, "callspec", None)
-    if path == "tests/integration/test_bench_smoke.py" and bench is not None:
-        name = Path(str(bench.params.get("bench", ""))).stem
+    callspec = getattr(item, "callspec", None)
+    if path == "tests/integration/test_bench_smoke.py" and callspec is not None:
+        name = Path(str(callspec.params.get("bench", ""))).stem
         return "ray" if name in RAY_BENCHES else f"bench:{name}"
+    if path in PER_SERVER_FILES and callspec is not None and "served" in callspec.params:
+        return f"{path}:{callspec.id}"
     return "ray" if path in RAY_FILES else path
 
 
@@ -67,6 +71,8 @@ def worker_group(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+        if "harness_prefix" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cli_drift)  # a real CLI: the drift check runs it
 
 
 # The scripted engine stands in for a larger-context model than SmolLM2's 8k: Claude Code's and

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ from polar.rendering.model_files import cache_dir
 from .family_kit import RECIPES, family_tokenizer, upstream_template
 
 VLLM_PYTHON = os.environ.get("POLAR_VLLM_PYTHON")
-CHECKPOINT_VERSION = "6"  # bump when the recipe below changes: the cache key
+CHECKPOINT_VERSION = "7"  # bump when the recipe below changes: the cache key
 MAX_MODEL_LEN = 32768  # Claude Code's first prompt is ~20k tokens
 
 # Families whose real vocabulary is Qwen's (qwen-agent's qwen.tiktoken): their added tokens at
@@ -99,6 +100,23 @@ PREFER: dict[str, dict[str, float]] = {
     "</minimax:tool_call>": {},
     ANSWER: {},
 }
+# Families whose call markup is special tokens, which no structured-output grammar can force:
+# their model makes one whole call on its own after its thought (each token of it preferring
+# the next at CHAIN, above everything else, ending with the turn end a call takes), so their
+# free sessions still exercise calls, both sides' parsers and the splice after a tool result
+# (the chain starts after ``</think>``, or, where it begins with the prompt's last tokens, at
+# once).
+CALL_CHAINS: dict[str, str] = {
+    "glm47": "<tool_call>bash<arg_key>command</arg_key><arg_value>ls</arg_value></tool_call>"
+    "<|observation|>",
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0"
+    '<|tool_call_argument_begin|>{"command":"ls"}<|tool_call_end|><|tool_calls_section_end|>'
+    "<|im_end|>",
+    # From the generation prompt's own last tokens (``<|start|>assistant``): a harmony call.
+    "gpt_oss": 'assistant<|channel|>commentary to=functions.bash<|message|>{"command":"ls"}'
+    "<|call|>",
+}
+CHAIN = 12.0
 TURN_END = 10.0  # after a closing tag, an answer and any other token: the turn ends
 # Whitespace-only tokens, everywhere, on top of the background below (-25 in all): never the
 # free whitespace runs a grammar allows between tokens (a JSON key and its colon).
@@ -107,6 +125,16 @@ WHITESPACE = -10.0
 # check-engine samples), a 150k-token vocabulary at logit 0 outweighs a preferred token at 9
 # (e^9 against 150k e^0), so free text would run on until max_tokens; at -15 it weighs 0.05.
 BACKGROUND = -15.0
+
+
+def call_chain(name: str, tokenizer: Any) -> list[int]:
+    """The ids of the family's :data:`CALL_CHAINS` call (empty where it has none); each id
+    occurs once, so a preference on the last token alone can spell it out."""
+    if name not in CALL_CHAINS:
+        return []
+    ids = [int(i) for i in tokenizer.encode(CALL_CHAINS[name], add_special_tokens=False)]
+    assert len(set(ids)) == len(ids), f"{name}'s call chain repeats a token: {ids}"
+    return ids
 
 
 def checkpoint_tokenizer(name: str) -> Any:
@@ -141,13 +169,13 @@ def family_checkpoint(name: str) -> Path:
     if (target / "model.safetensors").exists():
         shutil.rmtree(work)
         return target
-    _write_model(tokenizer, work)
+    _write_model(tokenizer, work, call_chain(name, tokenizer))
     shutil.rmtree(target, ignore_errors=True)
     os.replace(work, target)
     return target
 
 
-def _write_model(tokenizer: Any, directory: Path) -> None:
+def _write_model(tokenizer: Any, directory: Path, chain: list[int]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -212,6 +240,21 @@ def _write_model(tokenizer: Any, directory: Path) -> None:
                 for end in ends:
                     bonus = TURN_END if slot_token != "" else 8.0
                     head[end, slots[slot_token]] += weight(bonus)
+        # The call chain: after the thought's end, its first token; then each of its tokens
+        # (a slot of its own where it had none) prefers the next.
+        if chain and "</think>" in slots:
+            head[chain[0], slots["</think>"]] += weight(CHAIN)
+        slot_of = {_single_id(tokenizer, t): n for t, n in slots.items() if t}
+        free = max(slots.values()) + 1
+        for token, nxt in itertools.pairwise(chain):
+            if token not in slot_of:
+                assert free < hidden - 2, "more slots than the hidden size holds"
+                slot_of[token] = free
+                embed[token, 0] -= 1.0
+                embed[token, free] += 1.0
+                free += 1
+            markup.update((token, nxt))
+            head[nxt, slot_of[token]] += weight(CHAIN)
         for token_id in range(len(tokenizer)):
             text = tokenizer.decode([token_id])
             whitespace = bool(text) and not text.strip()
