@@ -194,8 +194,7 @@ class EngineCheck:
     notes: list[str] = field(default_factory=list)
     # Why ``force_tools`` could not force calls (the family has no call pattern), if it could not.
     unforceable: str | None = None
-    # The engine's reasoning parser the gateway was told of (forced grammars after reasoning).
-    engine_reasoning_parser: str | None = None
+    engine_reasoning_parser: str | None = None  # as the gateway was told of it
 
     @property
     def unexercised(self) -> list[str]:
@@ -281,9 +280,8 @@ async def check_engine(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> EngineCheck:
     """Probe the engine at ``url`` (the server root, without ``/v1``); see the module doc.
-    ``engine_reasoning_parser`` names the reasoning parser the engine was started with (vLLM
-    ``--reasoning-parser``), as the gateway in front of it must be told: a forced call's
-    grammar then starts after the reasoning, and the records say so."""
+    ``engine_reasoning_parser``: the engine's (vLLM ``--reasoning-parser``), as a gateway in
+    front of it is told (forced calls' grammar then starts after the reasoning)."""
     tap = RecordingTransport(transport)
     engine = VLLMEngine(url.rstrip("/"), transport=tap)
     with tempfile.TemporaryDirectory(prefix="polar-check-engine-") as workdir:
@@ -540,11 +538,8 @@ def format_report(check: EngineCheck) -> str:
         f"family   {check.family or '(none detected)'}",
         f"render   {check.render_mode}",
     ]
-    if check.engine_reasoning_parser:
-        lines.append(
-            f"engine reasoning parser {check.engine_reasoning_parser} "
-            "(a forced call's grammar starts after the reasoning)"
-        )
+    if parser := check.engine_reasoning_parser:  # forced grammars start after the reasoning
+        lines.append(f"engine reasoning parser {parser} (a forced call's grammar starts after it)")
     lines += [f"note     {note}" for note in check.notes]
     if check.render_mode != "gateway":
         lines.append("FAIL     the gateway cannot render for this model: pass --tokenizer")
