@@ -52,7 +52,7 @@ from polar.schemas.trajectory import (
     TraceKind,
 )
 from polar.trajectory.compaction import carried_summary, continuation, summary_request
-from polar.trajectory.messages import content_text, messages
+from polar.trajectory.messages import content_text, first_user_text, messages, reply_call_strings
 
 NATURAL_STOPS = ("stop", "tool_calls")
 CLAUDE_CODE_SUBAGENT = "You are an agent for Claude Code"
@@ -290,8 +290,12 @@ def _by_harness_ids(
         elif ids.parent is None:  # a root agent
             agrees = link.relation in (Relation.FIRST, Relation.NEW_AGENT)
             decided = CallLink(None, Relation.NEW_AGENT, TraceKind.MAIN, HEADERS_DECIDED)
-        else:  # a sub-agent's first call: its parent call is its spawner's latest
-            spawner = latest.get(ids.parent, link.parent)
+        else:  # a sub-agent's first call: its parent call is the spawner's call that
+            # spawned it (a call whose tool call carries its prompt: a background sub-agent may
+            # start after its spawner's next call), else the spawner's latest
+            spawner = _spawning_call(
+                call, [c for c in calls if agent_of.get(c.completion_id) == ids.parent]
+            ) or latest.get(ids.parent, link.parent)
             # A spawner with no call here (``codex exec review``: the root thread only starts
             # the review) leaves the sub-agent's first call the session's first, by both views.
             unseen_spawner = link.relation is Relation.FIRST and ids.parent not in latest
@@ -314,6 +318,20 @@ def _by_harness_ids(
         agent_of[cid] = ids.agent
         latest[ids.agent] = cid
     return out
+
+
+MIN_PROMPT_CHARS = 16  # a shorter tool-call argument names nothing: never a prompt match
+
+
+def _spawning_call(call: CaptureRecord, spawner_calls: Sequence[CaptureRecord]) -> str | None:
+    """The latest of ``spawner_calls`` whose reply carries a tool call with the sub-agent's
+    prompt (a string argument its first user message holds), or None."""
+    text = first_user_text(call)
+    for earlier in reversed(spawner_calls):
+        prompts = [s for s in reply_call_strings(earlier) if len(s) >= MIN_PROMPT_CHARS]
+        if any(prompt in text for prompt in prompts):
+            return earlier.completion_id
+    return None
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from polar.capture.records import CaptureRecord
@@ -24,3 +25,26 @@ def messages(call: CaptureRecord) -> list[dict[str, Any]]:
 def reply_text(call: CaptureRecord) -> str:
     """The text of the call's reply (its tool calls aside)."""
     return content_text(call.response.get("content")).strip()
+
+
+def reply_call_strings(call: CaptureRecord) -> list[str]:
+    """The string arguments of the tool calls in the call's reply (a sub-agent's prompt, for a
+    call that spawned one)."""
+    out: list[str] = []
+    for tool_call in call.response.get("tool_calls") or []:
+        arguments = (tool_call.get("function") or {}).get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            continue
+        if isinstance(parsed, dict):
+            out += [value for value in parsed.values() if isinstance(value, str)]
+    return out
+
+
+def first_user_text(call: CaptureRecord) -> str:
+    """The text of the call's first user message."""
+    for message in messages(call):
+        if message.get("role") == "user":
+            return content_text(message.get("content"))
+    return ""

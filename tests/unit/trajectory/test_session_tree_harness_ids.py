@@ -6,6 +6,7 @@ tests/unit/capture/test_harness_ids.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from polar.capture.harness_ids import harness_ids
@@ -130,3 +131,37 @@ def test_a_sub_agent_whose_spawner_made_no_call_agrees_with_the_first_call() -> 
     assert (review.lineage.kind, review.lineage.parent_call) == (TraceKind.SUBAGENT, None)
     assert review.lineage.harness == calls[0].harness_ids
     assert review.lineage.disagreements == []
+
+
+def test_a_background_sub_agents_parent_is_the_call_that_spawned_it() -> None:
+    """Claude Code 2.1.332 runs an Agent sub-agent in the background: the main agent's next
+    call (after "agent launched") comes before the sub-agent's first. The sub-agent's parent
+    call is the one whose tool call carries its prompt, not the main agent's latest call."""
+    prompt = "List the files in the current directory and report them."
+    spawn = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "Agent", "arguments": json.dumps({"prompt": prompt})},
+            }
+        ],
+    }
+    user = [{"role": "user", "content": "Create proof.txt"}]
+    main1 = record([*SYSTEM, 2, 8, 99, 3], [10, 99], messages=user, response=spawn)
+    main1 = main1.model_copy(update={"harness_ids": harness_ids(CLAUDE_MAIN)})
+    main2 = sent(CLAUDE_MAIN, [*SYSTEM, 2, 8, 99, 3, 10, 99, 6], [11, 99])
+    sub_user = [{"role": "user", "content": f"<system-reminder>x</system-reminder>\n\n{prompt}"}]
+    sub = record([*SYSTEM, 2, 9, 99, 3], [40, 99], messages=sub_user)
+    sub = sub.model_copy(update={"harness_ids": harness_ids(CLAUDE_SUB)})
+    main3 = sent(CLAUDE_MAIN, [*SYSTEM, 2, 8, 99, 3, 10, 99, 6, 11, 99, 7], [12, 99])
+    traces = build([main1, main2, sub, main3])
+    root, branch = traces[main1.completion_id], traces[sub.completion_id]
+    assert root.metadata["completion_ids"] == [c.completion_id for c in (main1, main2, main3)]
+    assert (branch.lineage.kind, branch.lineage.parent_call) == (
+        TraceKind.SUBAGENT,
+        main1.completion_id,
+    )
+    assert root.lineage.disagreements == branch.lineage.disagreements == []
