@@ -7,6 +7,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from polar.cli.main import build_parser, main
 from polar.errors import ConfigError
 from polar.logs import (
     IDS,
+    JsonFormatter,
     choose_settings,
     configure_logging,
     log_event,
@@ -178,3 +180,15 @@ def test_a_bad_environment_value_is_a_plain_error(
     monkeypatch.setenv("POLAR_LOG_FORMAT", "yaml")
     assert main(["status"]) == 2
     assert "POLAR_LOG_FORMAT: log format must be one of auto, json, text" in capsys.readouterr().err
+
+
+def test_a_json_lines_ts_is_when_it_is_written_so_lines_are_in_ts_order() -> None:
+    """Two threads: the record made first may be written second. Stamped at writing, the
+    lines stay in ts order whatever the records' own creation times."""
+    formatter = JsonFormatter()
+    made_first = logging.LogRecord("polar.a", logging.INFO, __file__, 1, "first", None, None)
+    made_second = logging.LogRecord("polar.b", logging.INFO, __file__, 1, "second", None, None)
+    made_first.created, made_second.created = 2.0, 1.0  # made out of order, long ago
+    stamps = [json.loads(formatter.format(r))["ts"] for r in (made_first, made_second)]
+    assert stamps == sorted(stamps)
+    assert all(ts.startswith(str(datetime.now(UTC).year)) for ts in stamps)
