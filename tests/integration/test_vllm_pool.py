@@ -29,6 +29,7 @@ import pytest
 from polar.engines.pool import FLAG_REPLICA_MOVED
 from pool_kit import (
     MODEL,
+    STARVED_STEP_TIMEOUT,
     Gateway,
     assert_exact_single_chain,
     engines_of,
@@ -69,7 +70,7 @@ def replicas(
             "--dtype", "float32", "--max-model-len", "8192", "--max-num-batched-tokens", "8192",
             "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
         ]  # fmt: skip
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **STARVED_STEP_TIMEOUT}
         with (logs / f"replica-{i}.log").open("wb") as log:
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         started.append((f"http://127.0.0.1:{port}", process))

